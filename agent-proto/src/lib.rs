@@ -1,0 +1,1 @@
+//! agent-proto (placeholder; filled in by its owner).

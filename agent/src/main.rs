@@ -1,0 +1,2 @@
+//! sandbox-agent
+fn main() {}

@@ -1,0 +1,1 @@
+//! image-store (placeholder; filled in by its owner).

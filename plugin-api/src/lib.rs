@@ -1,0 +1,1 @@
+//! plugin-api (placeholder; filled in by its owner).

@@ -1,0 +1,1 @@
+//! plugin-bwrap (placeholder; filled in by its owner).

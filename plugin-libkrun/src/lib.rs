@@ -1,0 +1,1 @@
+//! plugin-libkrun (placeholder; filled in by its owner).

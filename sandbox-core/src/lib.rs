@@ -1,0 +1,1 @@
+//! sandbox-core (placeholder; filled in by its owner).

@@ -1,0 +1,2 @@
+//! sandbox-libkrun
+fn main() {}

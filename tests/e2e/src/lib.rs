@@ -1,0 +1,1 @@
+//! End-to-end tests through the test engine (see tests/).

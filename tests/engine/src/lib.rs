@@ -1,0 +1,1 @@
+//! iii-test-engine (placeholder; filled in by its owner).

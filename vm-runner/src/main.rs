@@ -1,0 +1,2 @@
+//! vm-runner
+fn main() {}
