@@ -1,1 +1,32 @@
-//! agent-proto (placeholder; filled in by its owner).
+//! agent-proto: the wire protocol between the sandbox host (sandbox-core) and the guest
+//! agent (sandbox-agent), over one byte stream, framed and multiplexed by request id.
+//!
+//! Layout: [`frame`] (12-byte header, the single maximum-size check), [`message`] (the
+//! typed view of every frame), one module per domain ([`exec`], [`fs`]), the handshake
+//! ([`hello`]), and behind the `client` feature the host-side async [`AgentClient`].
+//! It is not the agent (see the `sandbox-agent` crate) and knows nothing about S-codes
+//! beyond the fs codes S210..S219 the agent produces itself.
+//!
+//! Wire summary: each side sends `Hello` first (id 0); requests use ids chosen by the
+//! host (non-zero); an exec is `ExecStart` [+ `Stdin`...] and is answered by
+//! `Stdout`/`Stderr` chunks then exactly one `ExecExit` (or `Error`); an fs op is
+//! `FsRequest` [+ `Data`...] answered by [`Data`...] then `FsResponse` (or `Error`).
+
+pub mod error;
+pub mod exec;
+pub mod frame;
+pub mod fs;
+pub mod hello;
+pub mod message;
+
+#[cfg(feature = "client")]
+pub mod client;
+
+#[cfg(feature = "client")]
+pub use client::{AgentClient, AgentError};
+pub use error::{ErrorCode, RequestError};
+pub use exec::{ExecExit, ExecOutcome, ExecRequest, ExecSpec};
+pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MAX_PAYLOAD};
+pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse};
+pub use hello::{Hello, PROTOCOL_VERSION};
+pub use message::{Message, MessageError};

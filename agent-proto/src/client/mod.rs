@@ -1,0 +1,307 @@
+//! The host-side async client: one connection to one agent, many requests at once.
+//! A background task reads frames and routes them to the waiting calls; when the
+//! stream breaks, every call in flight fails at once with `ConnectionLost`.
+
+mod io;
+mod waiters;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::oneshot;
+
+use crate::frame::CHUNK_SIZE;
+use crate::{
+    ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
+    MessageError, RequestError, PROTOCOL_VERSION,
+};
+use waiters::{ExecWaiter, FsWaiter, Waiter, Waiters};
+
+/// Extra time past an exec's own timeout before the client stops waiting for the agent.
+const EXEC_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AgentError {
+    #[error("connection to the agent lost: {0}")]
+    ConnectionLost(String),
+    #[error("agent handshake failed: {0}")]
+    Handshake(String),
+    #[error("agent speaks protocol version {theirs}, this host speaks {ours}")]
+    VersionMismatch { ours: u32, theirs: u32 },
+    #[error("agent refused the request: {0}")]
+    Request(RequestError),
+    #[error("{0}")]
+    Fs(FsError),
+    #[error("agent did not answer request {id} in time")]
+    Unresponsive { id: u32 },
+    #[error("unexpected message from the agent: {0}")]
+    Unexpected(String),
+    #[error("request could not be encoded: {0}")]
+    Encode(String),
+}
+
+type BoxWriter = Box<dyn AsyncWrite + Unpin + Send>;
+
+struct Inner {
+    writer: tokio::sync::Mutex<BoxWriter>,
+    waiters: Mutex<Waiters>,
+    next_id: AtomicU32,
+}
+
+/// A connection to one agent. Cheap to clone; all clones share the connection.
+#[derive(Clone)]
+pub struct AgentClient {
+    inner: Arc<Inner>,
+}
+
+impl AgentClient {
+    /// Sends our `Hello`, waits for the agent's and checks the version, then starts the
+    /// reader task. Wrap it in a timeout if the agent might never answer.
+    pub async fn connect<R, W>(mut reader: R, mut writer: W) -> Result<AgentClient, AgentError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let hello = Message::Hello(Hello::new(concat!(
+            "agent-proto ",
+            env!("CARGO_PKG_VERSION")
+        )));
+        let frame = hello
+            .into_frame(0)
+            .map_err(|e| AgentError::Encode(e.to_string()))?;
+        io::write_frame(&mut writer, &frame)
+            .await
+            .map_err(|e| AgentError::Handshake(e.to_string()))?;
+        let reply = io::read_frame(&mut reader)
+            .await
+            .map_err(|e| AgentError::Handshake(e.to_string()))?;
+        match Message::from_frame(reply) {
+            Ok(Message::Hello(peer)) if peer.version == PROTOCOL_VERSION => {}
+            Ok(Message::Hello(peer)) => {
+                return Err(AgentError::VersionMismatch {
+                    ours: PROTOCOL_VERSION,
+                    theirs: peer.version,
+                })
+            }
+            Ok(other) => {
+                return Err(AgentError::Handshake(format!(
+                    "expected Hello, got {other:?}"
+                )))
+            }
+            Err(e) => return Err(AgentError::Handshake(e.to_string())),
+        }
+        let inner = Arc::new(Inner {
+            writer: tokio::sync::Mutex::new(Box::new(writer)),
+            waiters: Mutex::new(Waiters::default()),
+            next_id: AtomicU32::new(1),
+        });
+        tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));
+        Ok(AgentClient { inner })
+    }
+
+    /// Runs one program in the agent. Many may run at once on one client.
+    pub async fn exec(&self, spec: ExecSpec) -> Result<ExecOutcome, AgentError> {
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        self.register(
+            id,
+            Waiter::Exec(ExecWaiter {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                cap: spec.max_output_bytes,
+                reply: tx,
+            }),
+        )?;
+        let mut guard = InFlight {
+            client: self,
+            id,
+            kill_on_drop: true,
+        };
+        self.send(Message::ExecStart(spec.to_request()), id).await?;
+        if !spec.stdin.is_empty() {
+            let chunks: Vec<&[u8]> = spec.stdin.chunks(CHUNK_SIZE).collect();
+            let last = chunks.len() - 1;
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                let msg = Message::Stdin {
+                    data: chunk.to_vec(),
+                    end: i == last,
+                };
+                self.send(msg, id).await?;
+            }
+        }
+        let result = if spec.timeout_ms == 0 {
+            flatten(rx.await)
+        } else {
+            let limit = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+            match tokio::time::timeout(limit, rx).await {
+                Ok(r) => flatten(r),
+                Err(_) => Err(AgentError::Unresponsive { id }),
+            }
+        };
+        // Finished (or the connection is gone): nothing left to kill.
+        guard.kill_on_drop = matches!(result, Err(AgentError::Unresponsive { .. }));
+        result
+    }
+
+    /// Runs one filesystem operation in the agent.
+    pub async fn fs(&self, op: FsRequest) -> Result<FsResponse, AgentError> {
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        let cap = match &op {
+            FsRequest::Read { max_bytes, .. } => usize::try_from(*max_bytes).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        self.register(
+            id,
+            Waiter::Fs(FsWaiter {
+                data: Vec::new(),
+                cap,
+                reply: tx,
+            }),
+        )?;
+        let _guard = InFlight {
+            client: self,
+            id,
+            kill_on_drop: false,
+        };
+        let body = match &op {
+            FsRequest::Write { data, .. } => Some(data.clone()),
+            _ => None,
+        };
+        self.send(
+            Message::FsRequest {
+                request: op,
+                has_body: body.is_some(),
+            },
+            id,
+        )
+        .await?;
+        if let Some(body) = body {
+            let mut chunks: Vec<&[u8]> = body.chunks(CHUNK_SIZE).collect();
+            if chunks.is_empty() {
+                chunks.push(&[]);
+            }
+            let last = chunks.len() - 1;
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                let msg = Message::Data {
+                    data: chunk.to_vec(),
+                    end: i == last,
+                };
+                self.send(msg, id).await?;
+            }
+        }
+        flatten(rx.await)
+    }
+
+    /// Asks the agent to kill everything it started and exit. Succeeds once the agent
+    /// acknowledges or the stream closes.
+    pub async fn shutdown(&self) -> Result<(), AgentError> {
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        if self.register(id, Waiter::Shutdown(tx)).is_err() {
+            return Ok(()); // already gone
+        }
+        match self.send(Message::Shutdown, id).await {
+            Ok(()) | Err(AgentError::ConnectionLost(_)) => {}
+            Err(e) => return Err(e),
+        }
+        match flatten(rx.await) {
+            Ok(()) | Err(AgentError::ConnectionLost(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True once the stream to the agent has broken or closed.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.inner.waiters).is_closed()
+    }
+
+    fn next_id(&self) -> u32 {
+        loop {
+            let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 {
+                return id; // 0 is the connection's own id (Hello)
+            }
+        }
+    }
+
+    fn register(&self, id: u32, waiter: Waiter) -> Result<(), AgentError> {
+        lock(&self.inner.waiters).register(id, waiter)
+    }
+
+    async fn send(&self, msg: Message, id: u32) -> Result<(), AgentError> {
+        let frame = msg
+            .into_frame(id)
+            .map_err(|e| AgentError::Encode(e.to_string()))?;
+        let mut writer = self.inner.writer.lock().await;
+        if let Err(e) = io::write_frame(&mut *writer, &frame).await {
+            let reason = format!("write failed: {e}");
+            lock(&self.inner.waiters).close(&reason);
+            return Err(AgentError::ConnectionLost(reason));
+        }
+        Ok(())
+    }
+}
+
+/// Forgets a request when its call ends early (cancelled future, client-side timeout),
+/// and kills the exec in the agent so nothing keeps running unobserved.
+struct InFlight<'a> {
+    client: &'a AgentClient,
+    id: u32,
+    kill_on_drop: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let was_waiting = lock(&self.client.inner.waiters).remove(self.id).is_some();
+        if was_waiting && self.kill_on_drop {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let client = self.client.clone();
+                let id = self.id;
+                handle.spawn(async move {
+                    let _ = client.send(Message::ExecKill, id).await;
+                });
+            }
+        }
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, inner: std::sync::Weak<Inner>) {
+    let reason = loop {
+        let frame = match io::read_frame(&mut reader).await {
+            Ok(frame) => frame,
+            Err(FrameError::Closed) => break "agent closed the stream".to_string(),
+            Err(e) => break e.to_string(),
+        };
+        let Some(inner) = inner.upgrade() else {
+            return; // every client handle is gone
+        };
+        let id = frame.id;
+        match Message::from_frame(frame) {
+            Ok(msg) => lock(&inner.waiters).deliver(id, msg),
+            Err(e @ MessageError::BadPayload { .. })
+            | Err(e @ MessageError::UnexpectedPayload(_)) => {
+                break format!("malformed message from the agent: {e}")
+            }
+            Err(e) => break e.to_string(),
+        }
+    };
+    if let Some(inner) = inner.upgrade() {
+        lock(&inner.waiters).close(&reason);
+    }
+}
+
+fn flatten<T>(
+    r: Result<Result<T, AgentError>, oneshot::error::RecvError>,
+) -> Result<T, AgentError> {
+    r.unwrap_or_else(|_| Err(AgentError::ConnectionLost("reply dropped".into())))
+}
+
+/// The waiters map stays consistent even if a holder panicked, so poisoning is ignored.
+fn lock(m: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,173 @@
+//! What the client remembers per request in flight, and how incoming frames fill it.
+//! Output is capped here too, so the client never holds more than the caller allowed.
+
+use std::collections::HashMap;
+
+use tokio::sync::oneshot;
+
+use crate::client::AgentError;
+use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, AgentError>>;
+
+pub(crate) struct ExecWaiter {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub cap: usize,
+    pub reply: Reply<ExecOutcome>,
+}
+
+pub(crate) struct FsWaiter {
+    pub data: Vec<u8>,
+    pub cap: usize,
+    pub reply: Reply<FsResponse>,
+}
+
+pub(crate) enum Waiter {
+    Exec(ExecWaiter),
+    Fs(FsWaiter),
+    Shutdown(Reply<()>),
+}
+
+impl Waiter {
+    fn fail(self, err: AgentError) {
+        // A dropped receiver means the caller gave up; nothing to tell it.
+        match self {
+            Waiter::Exec(w) => drop(w.reply.send(Err(err))),
+            Waiter::Fs(w) => drop(w.reply.send(Err(err))),
+            Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
+        }
+    }
+}
+
+/// Requests in flight, and whether the connection is gone (checked under the same lock
+/// so a request registered after the failure is refused, not forgotten).
+#[derive(Default)]
+pub(crate) struct Waiters {
+    map: HashMap<u32, Waiter>,
+    closed: Option<String>,
+}
+
+impl Waiters {
+    pub fn register(&mut self, id: u32, waiter: Waiter) -> Result<(), AgentError> {
+        if let Some(reason) = &self.closed {
+            let err = AgentError::ConnectionLost(reason.clone());
+            waiter.fail(err.clone());
+            return Err(err);
+        }
+        self.map.insert(id, waiter);
+        Ok(())
+    }
+
+    pub fn remove(&mut self, id: u32) -> Option<Waiter> {
+        self.map.remove(&id)
+    }
+
+    /// Fails every request in flight and refuses new ones.
+    pub fn close(&mut self, reason: &str) {
+        if self.closed.is_none() {
+            self.closed = Some(reason.to_string());
+        }
+        for (_, waiter) in self.map.drain() {
+            waiter.fail(AgentError::ConnectionLost(reason.to_string()));
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// Routes one message from the agent to its request. Messages for ids no longer
+    /// waited for (a caller that gave up) are dropped.
+    pub fn deliver(&mut self, id: u32, msg: Message) {
+        let Some(waiter) = self.map.get_mut(&id) else {
+            return;
+        };
+        match (waiter, msg) {
+            (Waiter::Exec(w), Message::Stdout(data)) => {
+                append_capped(&mut w.stdout, &data, w.cap, &mut w.stdout_truncated)
+            }
+            (Waiter::Exec(w), Message::Stderr(data)) => {
+                append_capped(&mut w.stderr, &data, w.cap, &mut w.stderr_truncated)
+            }
+            (Waiter::Exec(_), Message::ExecExit(exit)) => {
+                if let Some(Waiter::Exec(w)) = self.map.remove(&id) {
+                    let outcome = finish_exec(
+                        w.stdout,
+                        w.stderr,
+                        w.stdout_truncated,
+                        w.stderr_truncated,
+                        &exit,
+                    );
+                    drop(w.reply.send(Ok(outcome)));
+                }
+            }
+            (Waiter::Fs(w), Message::Data { data, .. }) => {
+                let mut over = false;
+                append_capped(&mut w.data, &data, w.cap, &mut over);
+            }
+            (Waiter::Fs(_), Message::FsReply(reply)) => {
+                if let Some(Waiter::Fs(w)) = self.map.remove(&id) {
+                    let result = match reply {
+                        FsReply::Ok(FsResponse::Read {
+                            size, mode, mtime, ..
+                        }) => Ok(FsResponse::Read {
+                            size,
+                            mode,
+                            mtime,
+                            data: w.data,
+                        }),
+                        FsReply::Ok(other) => Ok(other),
+                        FsReply::Err(e) => Err(AgentError::Fs(e)),
+                    };
+                    drop(w.reply.send(result));
+                }
+            }
+            (Waiter::Shutdown(_), Message::ShutdownAck) => {
+                if let Some(Waiter::Shutdown(tx)) = self.map.remove(&id) {
+                    drop(tx.send(Ok(())));
+                }
+            }
+            (_, Message::Error(e)) => {
+                if let Some(w) = self.map.remove(&id) {
+                    w.fail(AgentError::Request(e));
+                }
+            }
+            (_, other) => {
+                if let Some(w) = self.map.remove(&id) {
+                    w.fail(AgentError::Unexpected(
+                        format!("{other:?}").chars().take(200).collect(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn append_capped(buf: &mut Vec<u8>, data: &[u8], cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    if data.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+fn finish_exec(
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_cut: bool,
+    stderr_cut: bool,
+    exit: &ExecExit,
+) -> ExecOutcome {
+    ExecOutcome {
+        stdout,
+        stderr,
+        stdout_truncated: stdout_cut || exit.stdout_truncated,
+        stderr_truncated: stderr_cut || exit.stderr_truncated,
+        exit_code: exit.exit_code,
+        timed_out: exit.timed_out,
+        duration_ms: exit.duration_ms,
+    }
+}

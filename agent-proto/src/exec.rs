@@ -1,0 +1,79 @@
+//! Exec messages: what the host asks the agent to run, and how it ended.
+
+use serde::{Deserialize, Serialize};
+
+/// The head of an exec (frame `ExecStart`). Stdin bytes follow as `Stdin` frames when
+/// `stdin` is true; output comes back as raw `Stdout`/`Stderr` frames, `ExecExit` last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Program and arguments, run directly (no shell). `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// The whole environment of the program; the agent adds a default `PATH` if absent.
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<String>,
+    /// Whether `Stdin` frames follow. If false, the program's stdin is closed at once.
+    pub stdin: bool,
+    /// Wall-clock limit; the process group is killed at the deadline. 0 means no limit.
+    pub timeout_ms: u64,
+    /// Bytes sent at most per output stream; the rest is drained and dropped.
+    pub max_output_bytes: u64,
+}
+
+/// The end of an exec (frame `ExecExit`), sent after both output streams are drained
+/// (or abandoned at the deadline).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecExit {
+    /// Exit status; `128 + signal` when killed by a signal; 127 missing program,
+    /// 126 not executable (the shell's conventions).
+    pub exit_code: i32,
+    /// The signal that ended the program, if any.
+    pub signal: Option<i32>,
+    /// The deadline passed before the program exited and its output closed.
+    pub timed_out: bool,
+    /// Killed because the host asked (`ExecKill`) or the agent is shutting down.
+    pub killed: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Bytes the program wrote per stream, including what was dropped past the cap.
+    pub stdout_total: u64,
+    pub stderr_total: u64,
+    pub duration_ms: u64,
+}
+
+/// What the host-side caller asks for (see `AgentClient::exec`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<String>,
+    pub stdin: Vec<u8>,
+    pub timeout_ms: u64,
+    /// Per stream.
+    pub max_output_bytes: usize,
+}
+
+/// What the host-side caller gets back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutcome {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+impl ExecSpec {
+    /// The wire head for this spec.
+    pub fn to_request(&self) -> ExecRequest {
+        ExecRequest {
+            argv: self.argv.clone(),
+            env: self.env.clone(),
+            workdir: self.workdir.clone(),
+            stdin: !self.stdin.is_empty(),
+            timeout_ms: self.timeout_ms,
+            max_output_bytes: self.max_output_bytes as u64,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Filesystem messages: one request per SPEC `fs::*` row, results in the SPEC's shapes.
+//! File bytes never travel inside JSON: a write's body and a read's result are raw
+//! `Data` frames with the request's id.
+
+use serde::{Deserialize, Serialize};
+
+/// A filesystem operation (frame `FsRequest`). Paths are absolute paths of the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum FsRequest {
+    Ls {
+        path: String,
+    },
+    Stat {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        mode: u32,
+        parents: bool,
+    },
+    /// Body: the `data` field, sent as `Data` frames (not in the JSON).
+    Write {
+        path: String,
+        mode: u32,
+        parents: bool,
+        append: bool,
+        #[serde(skip)]
+        data: Vec<u8>,
+    },
+    /// Reads at most `max_bytes` from `offset`; the host pages through large files.
+    Read {
+        path: String,
+        offset: u64,
+        max_bytes: u64,
+    },
+    Rm {
+        path: String,
+        recursive: bool,
+    },
+    Chmod {
+        path: String,
+        mode: u32,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        recursive: bool,
+    },
+    Mv {
+        src: String,
+        dst: String,
+        overwrite: bool,
+    },
+}
+
+/// One directory entry, as `fs::ls` and `fs::stat` report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsEntry {
+    pub name: String,
+    pub is_dir: bool,
+    pub is_symlink: bool,
+    pub size: u64,
+    /// Permission bits (and setuid/setgid/sticky), e.g. 0o755.
+    pub mode: u32,
+    /// Seconds since the Unix epoch.
+    pub mtime: i64,
+}
+
+impl FsEntry {
+    /// The SPEC's rendering of `mode`: four octal digits, e.g. "0755".
+    pub fn mode_octal(&self) -> String {
+        format!("{:04o}", self.mode & 0o7777)
+    }
+}
+
+/// A successful result (frame `FsResponse`, `ok` arm).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum FsResponse {
+    Entries {
+        entries: Vec<FsEntry>,
+    },
+    Entry {
+        entry: FsEntry,
+    },
+    Created {
+        created: bool,
+    },
+    Written {
+        bytes_written: u64,
+        path: String,
+    },
+    /// `data` arrives as `Data` frames before the response.
+    Read {
+        size: u64,
+        mode: u32,
+        mtime: i64,
+        #[serde(skip)]
+        data: Vec<u8>,
+    },
+    Removed {
+        removed: bool,
+    },
+    Updated {
+        updated: u64,
+    },
+    Moved {
+        moved: bool,
+    },
+}
+
+/// SPEC section 4's S210..S219.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsErrorCode {
+    BadRequest,
+    NotFound,
+    WrongType,
+    Exists,
+    NotEmpty,
+    Permission,
+    Io,
+    BadRegex,
+    StreamAborted,
+    Unsupported,
+}
+
+impl FsErrorCode {
+    /// The S-code the adapter reports for this failure.
+    pub fn s_code(self) -> &'static str {
+        match self {
+            FsErrorCode::BadRequest => "S210",
+            FsErrorCode::NotFound => "S211",
+            FsErrorCode::WrongType => "S212",
+            FsErrorCode::Exists => "S213",
+            FsErrorCode::NotEmpty => "S214",
+            FsErrorCode::Permission => "S215",
+            FsErrorCode::Io => "S216",
+            FsErrorCode::BadRegex => "S217",
+            FsErrorCode::StreamAborted => "S218",
+            FsErrorCode::Unsupported => "S219",
+        }
+    }
+}
+
+/// A failed filesystem operation (frame `FsResponse`, `err` arm).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{} {message}", code.s_code())]
+pub struct FsError {
+    pub code: FsErrorCode,
+    pub message: String,
+}
+
+impl FsError {
+    pub fn new(code: FsErrorCode, message: impl Into<String>) -> FsError {
+        FsError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// The `FsResponse` frame's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsReply {
+    Ok(FsResponse),
+    Err(FsError),
+}

@@ -1,0 +1,255 @@
+//! Pins the encoding of every message: an incompatible change to frames or payloads
+//! shows up as a diff against `golden/messages.txt`. If the change is intended, bump
+//! PROTOCOL_VERSION and regenerate with `UPDATE_GOLDEN=1 cargo test -p agent-proto`.
+
+use agent_proto::*;
+
+fn samples() -> Vec<(&'static str, Message)> {
+    let entry = FsEntry {
+        name: "a.txt".into(),
+        is_dir: false,
+        is_symlink: false,
+        size: 3,
+        mode: 0o644,
+        mtime: 1_700_000_000,
+    };
+    vec![
+        ("hello", Message::Hello(Hello::new("test"))),
+        (
+            "exec_start",
+            Message::ExecStart(ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+                env: vec![("K".into(), "V".into())],
+                workdir: Some("/tmp".into()),
+                stdin: true,
+                timeout_ms: 1000,
+                max_output_bytes: 1048576,
+            }),
+        ),
+        (
+            "stdin",
+            Message::Stdin {
+                data: b"in".to_vec(),
+                end: true,
+            },
+        ),
+        ("stdout", Message::Stdout(b"out".to_vec())),
+        ("stderr", Message::Stderr(b"err".to_vec())),
+        (
+            "exec_exit",
+            Message::ExecExit(ExecExit {
+                exit_code: 137,
+                signal: Some(9),
+                timed_out: true,
+                killed: false,
+                stdout_truncated: true,
+                stderr_truncated: false,
+                stdout_total: 5,
+                stderr_total: 0,
+                duration_ms: 12,
+            }),
+        ),
+        ("exec_kill", Message::ExecKill),
+        ("fs_ls", fs(FsRequest::Ls { path: "/".into() }, false)),
+        ("fs_stat", fs(FsRequest::Stat { path: "/a".into() }, false)),
+        (
+            "fs_mkdir",
+            fs(
+                FsRequest::Mkdir {
+                    path: "/d".into(),
+                    mode: 0o755,
+                    parents: true,
+                },
+                false,
+            ),
+        ),
+        (
+            "fs_write",
+            fs(
+                FsRequest::Write {
+                    path: "/a".into(),
+                    mode: 0o644,
+                    parents: false,
+                    append: false,
+                    data: b"ignored in json".to_vec(),
+                },
+                true,
+            ),
+        ),
+        (
+            "fs_read",
+            fs(
+                FsRequest::Read {
+                    path: "/a".into(),
+                    offset: 0,
+                    max_bytes: 10,
+                },
+                false,
+            ),
+        ),
+        (
+            "fs_rm",
+            fs(
+                FsRequest::Rm {
+                    path: "/a".into(),
+                    recursive: true,
+                },
+                false,
+            ),
+        ),
+        (
+            "fs_chmod",
+            fs(
+                FsRequest::Chmod {
+                    path: "/a".into(),
+                    mode: 0o600,
+                    uid: Some(1),
+                    gid: None,
+                    recursive: false,
+                },
+                false,
+            ),
+        ),
+        (
+            "fs_mv",
+            fs(
+                FsRequest::Mv {
+                    src: "/a".into(),
+                    dst: "/b".into(),
+                    overwrite: false,
+                },
+                false,
+            ),
+        ),
+        (
+            "data",
+            Message::Data {
+                data: b"abc".to_vec(),
+                end: true,
+            },
+        ),
+        (
+            "fs_entries",
+            ok(FsResponse::Entries {
+                entries: vec![entry.clone()],
+            }),
+        ),
+        ("fs_entry", ok(FsResponse::Entry { entry })),
+        ("fs_created", ok(FsResponse::Created { created: true })),
+        (
+            "fs_written",
+            ok(FsResponse::Written {
+                bytes_written: 3,
+                path: "/a".into(),
+            }),
+        ),
+        (
+            "fs_read_ok",
+            ok(FsResponse::Read {
+                size: 3,
+                mode: 0o644,
+                mtime: 1,
+                data: vec![],
+            }),
+        ),
+        ("fs_removed", ok(FsResponse::Removed { removed: true })),
+        ("fs_updated", ok(FsResponse::Updated { updated: 2 })),
+        ("fs_moved", ok(FsResponse::Moved { moved: true })),
+        (
+            "fs_err",
+            Message::FsReply(FsReply::Err(FsError::new(
+                FsErrorCode::NotFound,
+                "no such file",
+            ))),
+        ),
+        (
+            "error",
+            Message::Error(RequestError::new(ErrorCode::BadWorkdir, "nope")),
+        ),
+        ("shutdown", Message::Shutdown),
+        ("shutdown_ack", Message::ShutdownAck),
+    ]
+}
+
+fn fs(request: FsRequest, has_body: bool) -> Message {
+    Message::FsRequest { request, has_body }
+}
+
+fn ok(r: FsResponse) -> Message {
+    Message::FsReply(FsReply::Ok(r))
+}
+
+fn render() -> String {
+    let mut out = String::new();
+    for (i, (name, msg)) in samples().into_iter().enumerate() {
+        let frame = msg.into_frame(i as u32 + 1).expect("encodes");
+        let bytes = frame.to_bytes().expect("fits");
+        let head: String = bytes[..HEADER_LEN]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let payload = String::from_utf8_lossy(&bytes[HEADER_LEN..]);
+        out.push_str(&format!("{name} {head} {payload}\n"));
+    }
+    out
+}
+
+#[test]
+fn message_encoding_matches_golden_file() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/messages.txt");
+    let actual = render();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(path, &actual).expect("write golden file");
+    }
+    let expected = std::fs::read_to_string(path).expect("golden file exists");
+    assert_eq!(
+        actual, expected,
+        "wire encoding changed: bump PROTOCOL_VERSION and regenerate (see file header)"
+    );
+}
+
+#[test]
+fn every_sample_decodes_back_to_itself() {
+    for (i, (name, msg)) in samples().into_iter().enumerate() {
+        let frame = msg.clone().into_frame(i as u32 + 1).expect("encodes");
+        let bytes = frame.to_bytes().expect("fits");
+        let back = Frame::read_from(&mut bytes.as_slice()).expect("reads");
+        let decoded = Message::from_frame(back).expect("decodes");
+        // Bulk bytes of fs write/read travel as Data frames, not inside the JSON.
+        let expected = match msg {
+            Message::FsRequest {
+                request:
+                    FsRequest::Write {
+                        path,
+                        mode,
+                        parents,
+                        append,
+                        ..
+                    },
+                has_body,
+            } => Message::FsRequest {
+                request: FsRequest::Write {
+                    path,
+                    mode,
+                    parents,
+                    append,
+                    data: vec![],
+                },
+                has_body,
+            },
+            other => other,
+        };
+        assert_eq!(decoded, expected, "{name}");
+    }
+}
+
+#[test]
+fn every_kind_is_sampled() {
+    let kinds: std::collections::HashSet<Kind> = samples()
+        .into_iter()
+        .map(|(_, m)| m.into_frame(1).expect("encodes").kind)
+        .collect();
+    for kind in Kind::ALL {
+        assert!(kinds.contains(&kind), "{kind:?} has no golden sample");
+    }
+}
