@@ -1,0 +1,141 @@
+//! A safe wrapper over the few libkrun calls the runner makes. All of the crate's `unsafe`
+//! lives here and in `firmware.rs`.
+
+use std::convert::Infallible;
+use std::ffi::{CString, NulError};
+
+/// A libkrun call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KrunError {
+    #[error("libkrun {call} failed: {source}")]
+    Call {
+        call: &'static str,
+        source: std::io::Error,
+    },
+    #[error("a string passed to libkrun {call} holds a NUL byte")]
+    Nul {
+        call: &'static str,
+        source: NulError,
+    },
+}
+
+fn check(call: &'static str, ret: i32) -> Result<(), KrunError> {
+    if ret < 0 {
+        return Err(KrunError::Call {
+            call,
+            source: std::io::Error::from_raw_os_error(-ret),
+        });
+    }
+    Ok(())
+}
+
+fn c_string(call: &'static str, text: &str) -> Result<CString, KrunError> {
+    CString::new(text).map_err(|source| KrunError::Nul { call, source })
+}
+
+/// One libkrun configuration context.
+pub struct Context {
+    id: u32,
+}
+
+impl Context {
+    pub fn new() -> Result<Self, KrunError> {
+        let ret = krun::krun_create_ctx();
+        check("krun_create_ctx", ret)?;
+        Ok(Self { id: ret as u32 })
+    }
+
+    pub fn set_vm_config(&self, vcpus: u8, memory_mib: u32) -> Result<(), KrunError> {
+        check(
+            "krun_set_vm_config",
+            krun::krun_set_vm_config(self.id, vcpus, memory_mib),
+        )
+    }
+
+    pub fn set_root(&self, root: &str) -> Result<(), KrunError> {
+        let root = c_string("krun_set_root", root)?;
+        // SAFETY: `root` is a valid NUL-terminated string that outlives the call; libkrun
+        // copies it.
+        check("krun_set_root", unsafe {
+            krun::krun_set_root(self.id, root.as_ptr())
+        })
+    }
+
+    pub fn add_virtiofs(&self, tag: &str, path: &str, read_only: bool) -> Result<(), KrunError> {
+        let tag = c_string("krun_add_virtiofs3", tag)?;
+        let path = c_string("krun_add_virtiofs3", path)?;
+        // SAFETY: both strings are valid and NUL-terminated for the call; libkrun copies them.
+        check("krun_add_virtiofs3", unsafe {
+            krun::krun_add_virtiofs3(self.id, tag.as_ptr(), path.as_ptr(), 0, read_only)
+        })
+    }
+
+    /// Adds a file to the root filesystem's overlay (the root directory is not touched).
+    pub fn add_root_overlay_file(
+        &self,
+        guest_path: &str,
+        data: &'static [u8],
+        mode: u32,
+    ) -> Result<(), KrunError> {
+        let tag = c_string("krun_fs_add_overlay_file", "/dev/root")?;
+        let path = c_string("krun_fs_add_overlay_file", guest_path)?;
+        // SAFETY: the strings are valid for the call (copied by libkrun); `data` is
+        // 'static, so it stays valid for the VM's lifetime as libkrun requires.
+        check("krun_fs_add_overlay_file", unsafe {
+            krun::krun_fs_add_overlay_file(
+                self.id,
+                tag.as_ptr(),
+                path.as_ptr(),
+                data.as_ptr(),
+                data.len(),
+                mode,
+                false,
+            )
+        })
+    }
+
+    /// Replaces libkrun's implicit vsock device (which hijacks the guest's inet sockets
+    /// through TSI) with one that only carries the explicitly bridged ports.
+    pub fn disable_networking(&self) -> Result<(), KrunError> {
+        check(
+            "krun_disable_implicit_vsock",
+            krun::krun_disable_implicit_vsock(self.id),
+        )?;
+        check("krun_add_vsock", krun::krun_add_vsock(self.id, 0))
+    }
+
+    /// Bridges a guest vsock port to a host unix socket. With `guest_listens`, libkrun
+    /// creates and listens on `socket`; otherwise it connects to `socket` when the guest
+    /// connects to the port.
+    pub fn add_vsock_port(
+        &self,
+        port: u32,
+        socket: &str,
+        guest_listens: bool,
+    ) -> Result<(), KrunError> {
+        let socket = c_string("krun_add_vsock_port2", socket)?;
+        // SAFETY: `socket` is valid and NUL-terminated for the call; libkrun copies it.
+        check("krun_add_vsock_port2", unsafe {
+            krun::krun_add_vsock_port2(self.id, port, socket.as_ptr(), guest_listens)
+        })
+    }
+
+    pub fn set_console_output(&self, file: &str) -> Result<(), KrunError> {
+        let file = c_string("krun_set_console_output", file)?;
+        // SAFETY: `file` is valid and NUL-terminated for the call; libkrun copies it.
+        check("krun_set_console_output", unsafe {
+            krun::krun_set_console_output(self.id, file.as_ptr())
+        })
+    }
+
+    /// Boots the VM. On success libkrun never returns: it exits the process with the
+    /// guest workload's exit status.
+    pub fn start_enter(self) -> Result<Infallible, KrunError> {
+        let ret = krun::krun_start_enter(self.id);
+        check("krun_start_enter", ret)?;
+        Err(KrunError::Call {
+            call: "krun_start_enter",
+            source: std::io::Error::other("returned without error but the VM is not running"),
+        })
+    }
+}

@@ -1,0 +1,29 @@
+//! vm-runner: boots one libkrun microVM from a JSON specification (the
+//! `sandbox-libkrun-vm` binary), and tells whether this host can boot one at all
+//! ([`probe::host_can_boot`]).
+//!
+//! It is not a VM manager: one process runs one VM and exits with the guest workload's
+//! status (libkrun's `krun_start_enter` never returns). It knows nothing about sandboxes,
+//! images or the agent; `plugin-libkrun` builds the specification and owns the process.
+//!
+//! | module | concern |
+//! | --- | --- |
+//! | [`spec`] | the specification and its validation (before any VM call) |
+//! | [`probe`] | can this host boot a guest (KVM that is not PVM, libkrunfw present) |
+//! | [`launch_file`] | what the guest init shim reads: shares, argv, env, byte for byte |
+//! | [`launch`] | configure libkrun from a specification and boot |
+//! | `krun`, `firmware` | the only `unsafe`: libkrun calls, loading libkrunfw |
+//!
+//! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
+//! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
+
+pub mod exit;
+mod firmware;
+mod krun;
+pub mod launch;
+pub mod launch_file;
+pub mod probe;
+pub mod spec;
+
+pub use probe::{host_can_boot, HostUnfit};
+pub use spec::{SpecError, VmSpec};

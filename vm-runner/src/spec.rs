@@ -1,0 +1,354 @@
+//! The VM specification: what the runner is asked to boot, and its validation.
+//!
+//! Validation happens entirely before any libkrun call, so a bad specification never
+//! half-configures a VM. The checks are the ones libkrun would otherwise fail on late or
+//! silently (a relative path, a NUL byte, a socket path that already exists).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Upper bound on vCPUs; libkrun takes a `u8` and the guest kernel caps far lower anyway.
+pub const MAX_VCPUS: u8 = 64;
+/// Lower bound on guest memory: libkrunfw's kernel does not come up below this.
+pub const MIN_MEMORY_MIB: u32 = 64;
+/// Arguments plus environment entries: libkrun's guest init parses its JSON config with a
+/// fixed token budget (16384 tokens), so we refuse well before hitting it.
+pub const MAX_ARGS_AND_ENV: usize = 8000;
+/// libkrun's unix socket paths go into `sockaddr_un.sun_path` (108 bytes with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Who listens on a bridged vsock port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VsockDirection {
+    /// The guest listens on the vsock port; the runner creates the host unix socket and
+    /// forwards each connection made to it into the guest.
+    GuestListens,
+    /// A host program listens on the unix socket; the guest connects to CID 2 at the port.
+    HostListens,
+}
+
+/// A host directory exposed to the guest over virtio-fs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// virtio-fs tag (what the guest mounts).
+    pub tag: String,
+    /// Host directory to expose.
+    pub host_path: PathBuf,
+    /// Absolute path where the guest mounts it.
+    pub guest_path: PathBuf,
+    /// Read-only on both sides (host device and guest mount).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A vsock port bridged to a host unix socket.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockPort {
+    pub port: u32,
+    /// Host unix socket path.
+    pub socket: PathBuf,
+    pub direction: VsockDirection,
+}
+
+/// The whole VM specification, as read from JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    pub vcpus: u8,
+    pub memory_mib: u32,
+    /// Host directory used as the guest's root filesystem (virtio-fs).
+    pub root: PathBuf,
+    #[serde(default)]
+    pub shares: Vec<Share>,
+    #[serde(default)]
+    pub vsock: Vec<VsockPort>,
+    /// Program to run inside the guest (absolute guest path); it is also argv\[0\].
+    pub workload: String,
+    /// Arguments after argv\[0\]; passed byte for byte (quotes and spaces survive).
+    #[serde(default)]
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Guest working directory (default `/`).
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Host file receiving the guest console; without it the console is our stdout.
+    #[serde(default)]
+    pub console_log: Option<PathBuf>,
+    /// Networking (libkrun's TSI): off unless asked.
+    #[serde(default)]
+    pub network: bool,
+}
+
+/// Why a specification was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read the specification: {0}")]
+    Read(#[from] std::io::Error),
+    #[error("the specification is not valid JSON for a VM spec: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("vcpus must be between 1 and {MAX_VCPUS}, got {0}")]
+    Vcpus(u8),
+    #[error("memory_mib must be at least {MIN_MEMORY_MIB}, got {0}")]
+    Memory(u32),
+    #[error("{field} must be an absolute path, got {value:?}")]
+    NotAbsolute { field: &'static str, value: String },
+    #[error("{field} contains a NUL byte")]
+    NulByte { field: &'static str },
+    #[error("{field} {path:?} is not an existing directory")]
+    NotADirectory { field: &'static str, path: PathBuf },
+    #[error("share tag {0:?} is invalid (1-36 characters, no NUL, not \"/dev/root\")")]
+    BadTag(String),
+    #[error("share tag {0:?} is used twice")]
+    DuplicateTag(String),
+    #[error("share guest_path {0:?} is used twice or is the root")]
+    BadGuestPath(String),
+    #[error("vsock port {0} is used twice or is 0")]
+    BadPort(u32),
+    #[error("vsock socket {path:?}: {reason}")]
+    BadSocket { path: PathBuf, reason: &'static str },
+    #[error("environment name {0:?} is invalid (empty, or holds '=' or NUL)")]
+    BadEnvName(String),
+    #[error("{0} arguments and environment entries exceed the limit of {MAX_ARGS_AND_ENV}")]
+    TooManyArgs(usize),
+    #[error("console_log {0:?}: its directory does not exist")]
+    BadConsoleLog(PathBuf),
+}
+
+impl VmSpec {
+    /// Parses and validates a specification from JSON text.
+    pub fn from_json(text: &str) -> Result<Self, SpecError> {
+        let spec: VmSpec = serde_json::from_str(text)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks everything that can be checked before touching libkrun.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(SpecError::Vcpus(self.vcpus));
+        }
+        if self.memory_mib < MIN_MEMORY_MIB {
+            return Err(SpecError::Memory(self.memory_mib));
+        }
+        existing_dir("root", &self.root)?;
+        self.validate_shares()?;
+        self.validate_vsock()?;
+        guest_absolute("workload", &self.workload)?;
+        for arg in &self.argv {
+            no_nul("argv", arg)?;
+        }
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(SpecError::BadEnvName(name.clone()));
+            }
+            no_nul("env value", value)?;
+        }
+        let count = self.argv.len() + self.env.len();
+        if count > MAX_ARGS_AND_ENV {
+            return Err(SpecError::TooManyArgs(count));
+        }
+        if let Some(dir) = &self.workdir {
+            guest_absolute("workdir", dir)?;
+        }
+        if let Some(log) = &self.console_log {
+            host_absolute("console_log", log)?;
+            if !log.parent().is_some_and(Path::is_dir) {
+                return Err(SpecError::BadConsoleLog(log.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_shares(&self) -> Result<(), SpecError> {
+        let mut tags = BTreeSet::new();
+        let mut guest_paths = BTreeSet::new();
+        for share in &self.shares {
+            let tag_ok = !share.tag.is_empty()
+                && share.tag.len() <= 36
+                && !share.tag.contains('\0')
+                && share.tag != "/dev/root";
+            if !tag_ok {
+                return Err(SpecError::BadTag(share.tag.clone()));
+            }
+            if !tags.insert(share.tag.as_str()) {
+                return Err(SpecError::DuplicateTag(share.tag.clone()));
+            }
+            existing_dir("share host_path", &share.host_path)?;
+            let guest = path_str("share guest_path", &share.guest_path)?;
+            guest_absolute("share guest_path", guest)?;
+            let normalised = guest.trim_end_matches('/');
+            if normalised.is_empty() || !guest_paths.insert(normalised.to_owned()) {
+                return Err(SpecError::BadGuestPath(guest.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_vsock(&self) -> Result<(), SpecError> {
+        let mut ports = BTreeSet::new();
+        for bridge in &self.vsock {
+            if bridge.port == 0 || !ports.insert(bridge.port) {
+                return Err(SpecError::BadPort(bridge.port));
+            }
+            let bad = |reason| SpecError::BadSocket {
+                path: bridge.socket.clone(),
+                reason,
+            };
+            host_absolute("vsock socket", &bridge.socket)?;
+            if bridge.socket.as_os_str().len() > MAX_SOCKET_PATH {
+                return Err(bad("longer than a unix socket path may be (107 bytes)"));
+            }
+            if !bridge.socket.parent().is_some_and(Path::is_dir) {
+                return Err(bad("its directory does not exist"));
+            }
+            // libkrun creates the listening socket itself and refuses an existing path.
+            if bridge.direction == VsockDirection::GuestListens && bridge.socket.exists() {
+                return Err(bad(
+                    "already exists (the runner creates it for guest-listens)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn no_nul(field: &'static str, value: &str) -> Result<(), SpecError> {
+    if value.contains('\0') {
+        return Err(SpecError::NulByte { field });
+    }
+    Ok(())
+}
+
+fn guest_absolute(field: &'static str, value: &str) -> Result<(), SpecError> {
+    no_nul(field, value)?;
+    if !value.starts_with('/') {
+        return Err(SpecError::NotAbsolute {
+            field,
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn path_str<'a>(field: &'static str, path: &'a Path) -> Result<&'a str, SpecError> {
+    // Paths reach libkrun and the guest as C strings in JSON: they must be UTF-8.
+    path.to_str().ok_or_else(|| SpecError::NotAbsolute {
+        field,
+        value: path.to_string_lossy().into_owned(),
+    })
+}
+
+fn host_absolute(field: &'static str, path: &Path) -> Result<(), SpecError> {
+    let text = path_str(field, path)?;
+    guest_absolute(field, text)
+}
+
+fn existing_dir(field: &'static str, path: &Path) -> Result<(), SpecError> {
+    host_absolute(field, path)?;
+    if !path.is_dir() {
+        return Err(SpecError::NotADirectory {
+            field,
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base(root: &Path) -> serde_json::Value {
+        json!({"vcpus": 1, "memory_mib": 256, "root": root, "workload": "/bin/echo"})
+    }
+
+    fn check(value: serde_json::Value) -> Result<VmSpec, SpecError> {
+        VmSpec::from_json(&value.to_string())
+    }
+
+    #[test]
+    fn minimal_spec_is_accepted_with_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = check(base(dir.path())).unwrap();
+        assert!(!spec.network);
+        assert!(spec.shares.is_empty() && spec.vsock.is_empty() && spec.argv.is_empty());
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_numbers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = base(dir.path());
+        v["netwrok"] = json!(true);
+        assert!(matches!(check(v), Err(SpecError::Parse(_))));
+        let mut v = base(dir.path());
+        v["vcpus"] = json!(0);
+        assert!(matches!(check(v), Err(SpecError::Vcpus(0))));
+        let mut v = base(dir.path());
+        v["memory_mib"] = json!(8);
+        assert!(matches!(check(v), Err(SpecError::Memory(8))));
+    }
+
+    #[test]
+    fn paths_must_be_absolute_and_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = base(dir.path());
+        v["root"] = json!("relative/root");
+        assert!(matches!(check(v), Err(SpecError::NotAbsolute { .. })));
+        let mut v = base(dir.path());
+        v["root"] = json!(dir.path().join("missing"));
+        assert!(matches!(check(v), Err(SpecError::NotADirectory { .. })));
+        let mut v = base(dir.path());
+        v["workload"] = json!("echo");
+        assert!(matches!(check(v), Err(SpecError::NotAbsolute { .. })));
+    }
+
+    #[test]
+    fn shares_need_unique_tags_and_guest_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let share = json!({"tag": "a", "host_path": dir.path(), "guest_path": "/mnt/a"});
+        let mut v = base(dir.path());
+        v["shares"] = json!([share.clone(), share.clone()]);
+        assert!(matches!(check(v), Err(SpecError::DuplicateTag(_))));
+        let mut other = share.clone();
+        other["tag"] = json!("b");
+        other["guest_path"] = json!("/mnt/a/");
+        let mut v = base(dir.path());
+        v["shares"] = json!([share, other]);
+        assert!(matches!(check(v), Err(SpecError::BadGuestPath(_))));
+    }
+
+    #[test]
+    fn vsock_sockets_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let existing = dir.path().join("exists.sock");
+        std::fs::write(&existing, b"").unwrap();
+        let mut v = base(dir.path());
+        v["vsock"] = json!([{"port": 5, "socket": existing, "direction": "guest-listens"}]);
+        assert!(matches!(check(v), Err(SpecError::BadSocket { .. })));
+        let mut v = base(dir.path());
+        let sock = dir.path().join("s.sock");
+        v["vsock"] = json!([
+            {"port": 5, "socket": sock, "direction": "host-listens"},
+            {"port": 5, "socket": sock, "direction": "guest-listens"}
+        ]);
+        assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn env_names_and_nul_bytes_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = base(dir.path());
+        v["env"] = json!({"A=B": "x"});
+        assert!(matches!(check(v), Err(SpecError::BadEnvName(_))));
+        let mut v = base(dir.path());
+        v["argv"] = json!(["ok", "bad\u{0}"]);
+        assert!(matches!(check(v), Err(SpecError::NulByte { .. })));
+    }
+}
