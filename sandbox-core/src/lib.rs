@@ -1,1 +1,30 @@
-//! sandbox-core (placeholder; filled in by its owner).
+//! What every sandbox plugin shares: the contract (function table and schemas), the S-code
+//! errors, the configuration and its rules, and the operations, written once over a
+//! [`backend::Backend`] so each plugin only supplies the isolation technology.
+//!
+//! It is not a plugin itself and holds no FFI: plugins wrap [`plugin::SandboxPlugin`] with
+//! `plugin_api::export_plugin!`.
+//!
+//! Where each part of SPEC.md lives:
+//!
+//! | SPEC.md | module |
+//! |---|---|
+//! | 2, function table and schemas | [`functions`] |
+//! | 2, `adapter::info` | [`ops::info`] |
+//! | 3, configuration | [`config`] |
+//! | 4, errors | [`error`] |
+//! | 5, host prerequisites | [`backend::Backend::probe`] |
+
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod functions;
+pub mod ops;
+pub mod plugin;
+
+pub use backend::{Backend, HostUnfit};
+pub use config::Config;
+pub use error::SandboxError;
+pub use plugin::SandboxPlugin;

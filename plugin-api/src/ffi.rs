@@ -1,0 +1,51 @@
+//! The FFI-safe root module. The only module that names `abi_stable` and `async-ffi` types.
+//!
+//! The root module is a prefix type: later versions may only append fields, and the loader
+//! refuses a library whose layout or version does not match ours.
+
+// The `sabi_trait` expansion implements foreign traits inside a const block; that is how
+// abi_stable builds trait objects, not something we can move.
+#![allow(non_local_definitions)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, RResult, RStr, RString},
+    StableAbi,
+};
+use async_ffi::FfiFuture;
+
+/// A running plugin instance, as seen across the boundary.
+#[sabi_trait]
+pub trait InstanceFfi: Send + Sync {
+    /// Calls function `function` (the id suffix) with a JSON payload; resolves to the JSON
+    /// result or a JSON [`crate::ErrorBody`].
+    fn invoke(&self, function: RString, payload: RString) -> FfiFuture<RResult<RString, RString>>;
+
+    /// Stops everything the instance runs; called once, before the shell exits.
+    #[sabi(last_prefix_field)]
+    fn shutdown(&self);
+}
+
+pub type InstanceBox = InstanceFfi_TO<'static, RBox<()>>;
+
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
+#[sabi(missing_field(panic))]
+pub struct PluginMod {
+    /// The plugin's [`crate::Manifest`] as JSON.
+    pub manifest: extern "C" fn() -> RString,
+    /// Builds an instance from the configuration JSON, or returns a one-line reason.
+    #[sabi(last_prefix_field)]
+    pub init: extern "C" fn(config: RStr<'_>) -> RResult<InstanceBox, RString>,
+}
+
+impl RootModule for PluginModRef {
+    declare_root_module_statics! {PluginModRef}
+    const BASE_NAME: &'static str = "sandbox_plugin";
+    const NAME: &'static str = "sandbox_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}

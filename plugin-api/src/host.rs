@@ -1,0 +1,106 @@
+//! The shell side: loading a plugin library and calling it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use abi_stable::library::{lib_header_from_path, LibraryError};
+use abi_stable::std_types::{RResult, RString};
+use serde_json::Value;
+
+use crate::ffi::{InstanceBox, PluginModRef};
+use crate::manifest::ManifestError;
+use crate::{ErrorBody, Manifest};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load plugin {path}: {reason}")]
+    Library { path: PathBuf, reason: String },
+    #[error("plugin {path} has an unreadable manifest: {reason}")]
+    Manifest { path: PathBuf, reason: String },
+    #[error("plugin {path} has an invalid manifest: {source}")]
+    InvalidManifest {
+        path: PathBuf,
+        source: ManifestError,
+    },
+}
+
+/// A loaded plugin library. The library stays mapped for the life of the process.
+pub struct PluginLibrary {
+    module: PluginModRef,
+    manifest: Manifest,
+}
+
+impl PluginLibrary {
+    /// Loads `path`; a library that is not a plugin, or was built against another version of
+    /// this interface, is refused with the reason.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let library_error = |e: LibraryError| LoadError::Library {
+            path: path.to_path_buf(),
+            reason: describe_library_error(e),
+        };
+        let header = lib_header_from_path(path).map_err(library_error)?;
+        let module = header
+            .init_root_module::<PluginModRef>()
+            .map_err(library_error)?;
+        let text = (module.manifest())();
+        let manifest: Manifest =
+            serde_json::from_str(text.as_str()).map_err(|e| LoadError::Manifest {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        manifest
+            .validate()
+            .map_err(|source| LoadError::InvalidManifest {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Self { module, manifest })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Starts an instance with `config`; on refusal returns the plugin's one-line reason.
+    pub fn init(&self, config: &Value) -> Result<PluginInstance, String> {
+        match (self.module.init())(config.to_string().as_str().into()) {
+            RResult::ROk(instance) => Ok(PluginInstance(Arc::new(instance))),
+            RResult::RErr(reason) => Err(reason.into_string()),
+        }
+    }
+}
+
+fn describe_library_error(error: LibraryError) -> String {
+    match error {
+        LibraryError::OpenError { .. } | LibraryError::GetSymbolError { .. } => {
+            format!("not a sandbox plugin library ({error})")
+        }
+        LibraryError::IncompatibleVersionNumber { .. } | LibraryError::AbiInstability(_) => {
+            format!("built against another plugin interface version ({error})")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A running plugin; cheap to clone, shared by every call in flight.
+#[derive(Clone)]
+pub struct PluginInstance(Arc<InstanceBox>);
+
+impl PluginInstance {
+    pub async fn invoke(&self, function: &str, payload: &Value) -> Result<Value, ErrorBody> {
+        let outcome = self
+            .0
+            .invoke(RString::from(function), payload.to_string().into())
+            .await;
+        match outcome {
+            RResult::ROk(text) => serde_json::from_str(text.as_str())
+                .map_err(|e| ErrorBody::internal(format!("plugin answered with bad JSON: {e}"))),
+            RResult::RErr(text) => Err(ErrorBody::from_json(text.as_str())),
+        }
+    }
+
+    /// Stops the plugin and its runtime; blocks until done, so call it off the async runtime.
+    pub fn shutdown(&self) {
+        self.0.shutdown();
+    }
+}

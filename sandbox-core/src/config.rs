@@ -1,0 +1,340 @@
+//! The adapter's configuration (SPEC.md section 3): every key, its default and its rules.
+//!
+//! Read once at start-up; any problem is a [`ConfigError`] whose one line names the key, and
+//! the shell exits 2 with it. Values are parsed key by key so a type error names its key
+//! (serde alone would not), and unknown keys are refused with the closest known one.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Image names that are built in; a `custom_images` entry may not reuse them.
+pub const PRESET_NAMES: &[&str] = &["python", "node"];
+
+/// Per-image ceilings on what a create may ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageCaps {
+    pub max_cpus: Option<u32>,
+    pub max_memory_mb: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub auto_install: bool,
+    pub image_allowlist: Vec<String>,
+    pub default_idle_timeout_secs: u64,
+    pub max_concurrent_sandboxes: usize,
+    /// Already normalised: a configured 0 is 1.
+    pub max_concurrent_exec_per_sandbox: usize,
+    pub max_exec_timeout_ms: u64,
+    pub default_cpus: u32,
+    pub default_memory_mb: u32,
+    pub per_image_caps: BTreeMap<String, ImageCaps>,
+    pub custom_images: BTreeMap<String, String>,
+    /// Registry host -> mirror `host[:port]` (e.g. `docker.io` -> a local mirror).
+    pub registry_mirrors: BTreeMap<String, String>,
+    /// Registries (`host:port`) spoken to over plain http.
+    pub insecure_registries: Vec<String>,
+    /// Image cache; default `~/.iii/cache`.
+    pub image_cache_dir: Option<PathBuf>,
+    /// Docker credential file; default `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+    pub registry_auth_file: Option<PathBuf>,
+    /// Where sandboxes keep their writable layers; default `~/.iii/sandbox`.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            auto_install: true,
+            image_allowlist: PRESET_NAMES.iter().map(|s| s.to_string()).collect(),
+            default_idle_timeout_secs: 300,
+            max_concurrent_sandboxes: 32,
+            max_concurrent_exec_per_sandbox: 4,
+            max_exec_timeout_ms: 300_000,
+            default_cpus: 1,
+            default_memory_mb: 512,
+            per_image_caps: BTreeMap::new(),
+            custom_images: BTreeMap::new(),
+            registry_mirrors: BTreeMap::new(),
+            insecure_registries: Vec::new(),
+            image_cache_dir: None,
+            registry_auth_file: None,
+            state_dir: None,
+        }
+    }
+}
+
+/// Every key the configuration may hold, in the order of SPEC.md, then ours.
+pub const KNOWN_KEYS: &[&str] = &[
+    "auto_install",
+    "image_allowlist",
+    "default_idle_timeout_secs",
+    "max_concurrent_sandboxes",
+    "max_concurrent_exec_per_sandbox",
+    "max_exec_timeout_ms",
+    "default_cpus",
+    "default_memory_mb",
+    "per_image_caps",
+    "custom_images",
+    "registry_mirrors",
+    "insecure_registries",
+    "image_cache_dir",
+    "registry_auth_file",
+    "state_dir",
+];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("configuration must be a JSON object, got {0}")]
+    NotAnObject(&'static str),
+    #[error(
+        "configuration uses the old wrapped shape {{\"sandbox\": {{...}}}}: move the keys inside `sandbox` to the top level"
+    )]
+    WrappedShape,
+    #[error("unknown configuration key `{key}`{}", hint(.closest))]
+    UnknownKey {
+        key: String,
+        closest: Option<String>,
+    },
+    #[error("configuration key `{key}`: {reason}")]
+    WrongType { key: String, reason: String },
+    #[error("configuration key `custom_images.{0}` reuses the name of a preset image; pick another name")]
+    CustomReusesPreset(String),
+}
+
+fn hint(closest: &Option<String>) -> String {
+    closest
+        .as_ref()
+        .map(|k| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default()
+}
+
+impl Config {
+    /// Parses and validates a configuration value.
+    pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
+        let object = match value {
+            Value::Object(object) => object,
+            other => return Err(ConfigError::NotAnObject(json_type_name(other))),
+        };
+        if object.len() == 1 && matches!(object.get("sandbox"), Some(Value::Object(_))) {
+            return Err(ConfigError::WrappedShape);
+        }
+        if let Some(key) = object.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(ConfigError::UnknownKey {
+                key: key.clone(),
+                closest: closest_known_key(key),
+            });
+        }
+        let mut config = Config::default();
+        let keys = Keys(object);
+        keys.read("auto_install", &mut config.auto_install)?;
+        keys.read("image_allowlist", &mut config.image_allowlist)?;
+        keys.read(
+            "default_idle_timeout_secs",
+            &mut config.default_idle_timeout_secs,
+        )?;
+        keys.read(
+            "max_concurrent_sandboxes",
+            &mut config.max_concurrent_sandboxes,
+        )?;
+        keys.read(
+            "max_concurrent_exec_per_sandbox",
+            &mut config.max_concurrent_exec_per_sandbox,
+        )?;
+        keys.read("max_exec_timeout_ms", &mut config.max_exec_timeout_ms)?;
+        keys.read("default_cpus", &mut config.default_cpus)?;
+        keys.read("default_memory_mb", &mut config.default_memory_mb)?;
+        keys.read("per_image_caps", &mut config.per_image_caps)?;
+        keys.read("custom_images", &mut config.custom_images)?;
+        keys.read("registry_mirrors", &mut config.registry_mirrors)?;
+        keys.read("insecure_registries", &mut config.insecure_registries)?;
+        keys.read_optional("image_cache_dir", &mut config.image_cache_dir)?;
+        keys.read_optional("registry_auth_file", &mut config.registry_auth_file)?;
+        keys.read_optional("state_dir", &mut config.state_dir)?;
+
+        if let Some(name) = config
+            .custom_images
+            .keys()
+            .find(|n| PRESET_NAMES.contains(&n.as_str()))
+        {
+            return Err(ConfigError::CustomReusesPreset(name.clone()));
+        }
+        if let Some((name, _)) = config
+            .custom_images
+            .iter()
+            .find(|(_, r)| r.trim().is_empty())
+        {
+            return Err(ConfigError::WrongType {
+                key: format!("custom_images.{name}"),
+                reason: "expected a non-empty OCI reference".into(),
+            });
+        }
+        for (key, value) in [
+            ("default_cpus", u64::from(config.default_cpus)),
+            ("default_memory_mb", u64::from(config.default_memory_mb)),
+            ("max_exec_timeout_ms", config.max_exec_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::WrongType {
+                    key: key.into(),
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        // SPEC.md: 0 means 1, not unlimited.
+        config.max_concurrent_exec_per_sandbox = config.max_concurrent_exec_per_sandbox.max(1);
+        Ok(config)
+    }
+}
+
+/// Reads one key at a time so a type error names the key.
+struct Keys<'a>(&'a Map<String, Value>);
+
+impl Keys<'_> {
+    fn read<T: DeserializeOwned>(&self, key: &str, slot: &mut T) -> Result<(), ConfigError> {
+        if let Some(value) = self.0.get(key) {
+            *slot = parse_key(key, value)?;
+        }
+        Ok(())
+    }
+
+    fn read_optional<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        slot: &mut Option<T>,
+    ) -> Result<(), ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(()),
+            Some(value) => {
+                *slot = Some(parse_key(key, value)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn parse_key<T: DeserializeOwned>(key: &str, value: &Value) -> Result<T, ConfigError> {
+    T::deserialize(value).map_err(|e| ConfigError::WrongType {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn closest_known_key(key: &str) -> Option<String> {
+    KNOWN_KEYS
+        .iter()
+        .map(|known| (strsim::damerau_levenshtein(key, known), *known))
+        .filter(|(distance, known)| *distance <= known.len().max(key.len()) / 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, known)| known.to_string())
+}
+
+fn json_type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn error_of(value: Value) -> String {
+        Config::from_json(&value).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn empty_object_gives_the_spec_defaults() {
+        let config = Config::from_json(&json!({})).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.image_allowlist, vec!["python", "node"]);
+        assert_eq!(config.max_concurrent_exec_per_sandbox, 4);
+    }
+
+    #[test]
+    fn every_rule_is_enforced_with_the_key_named() {
+        let cases: &[(Value, &str)] = &[
+            (json!([]), "must be a JSON object"),
+            (
+                json!({"sandbox": {"auto_install": true}}),
+                "old wrapped shape",
+            ),
+            (
+                json!({"max_concurent_sandboxes": 3}),
+                "`max_concurent_sandboxes` (did you mean `max_concurrent_sandboxes`?)",
+            ),
+            (
+                json!({"zzzzzzzzzzzzzzzzzzzzzzzz": 1}),
+                "unknown configuration key `zzzzzzzzzzzzzzzzzzzzzzzz`",
+            ),
+            (json!({"auto_install": "yes"}), "key `auto_install`"),
+            (
+                json!({"max_concurrent_sandboxes": -1}),
+                "key `max_concurrent_sandboxes`",
+            ),
+            (
+                json!({"max_exec_timeout_ms": 1.5}),
+                "key `max_exec_timeout_ms`",
+            ),
+            (
+                json!({"image_allowlist": "python"}),
+                "key `image_allowlist`",
+            ),
+            (
+                json!({"per_image_caps": {"python": {"max_cpu": 2}}}),
+                "key `per_image_caps`",
+            ),
+            (
+                json!({"custom_images": {"python": "example.org/p:1"}}),
+                "`custom_images.python` reuses the name of a preset",
+            ),
+            (
+                json!({"custom_images": {"mine": ""}}),
+                "`custom_images.mine`",
+            ),
+            (json!({"default_cpus": 0}), "key `default_cpus`"),
+        ];
+        for (value, expected) in cases {
+            let message = error_of(value.clone());
+            assert!(
+                message.contains(expected),
+                "{value}: {message:?} lacks {expected:?}"
+            );
+            assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+    }
+
+    #[test]
+    fn zero_exec_cap_means_one() {
+        let config = Config::from_json(&json!({"max_concurrent_exec_per_sandbox": 0})).unwrap();
+        assert_eq!(config.max_concurrent_exec_per_sandbox, 1);
+    }
+
+    #[test]
+    fn configured_values_are_in_force() {
+        let config = Config::from_json(&json!({
+            "auto_install": false, "image_allowlist": [], "default_idle_timeout_secs": 9,
+            "max_concurrent_sandboxes": 3, "max_exec_timeout_ms": 1000, "default_cpus": 2,
+            "default_memory_mb": 256, "per_image_caps": {"python": {"max_cpus": 2, "max_memory_mb": 300}},
+            "custom_images": {"mine": "127.0.0.1:5000/mine:1"},
+            "registry_mirrors": {"docker.io": "127.0.0.1:5000"}, "insecure_registries": ["127.0.0.1:5000"],
+        }))
+        .unwrap();
+        assert!(!config.auto_install);
+        assert!(config.image_allowlist.is_empty());
+        assert_eq!(config.max_concurrent_sandboxes, 3);
+        assert_eq!(config.per_image_caps["python"].max_memory_mb, Some(300));
+        assert_eq!(config.registry_mirrors["docker.io"], "127.0.0.1:5000");
+    }
+}

@@ -1,0 +1,207 @@
+//! The one error type of every sandbox operation, and its S-code body (SPEC.md section 4).
+
+use plugin_api::ErrorBody;
+use serde_json::Value;
+
+/// Every way a sandbox call fails, one variant per S-code family.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("unknown sandbox {0}")]
+    UnknownSandbox(String),
+    #[error("sandbox {sandbox_id} already runs {cap} execs, its limit")]
+    ExecLimit { sandbox_id: String, cap: usize },
+    #[error("sandbox {0} is stopped")]
+    Stopped(String),
+    #[error("{0}")]
+    ImageNotAllowed(String),
+    #[error("{0}")]
+    ImageNotInstalled(String),
+    #[error("{0}")]
+    PullFailed(String),
+    #[error("exec timed out after {timeout_ms} ms")]
+    ExecTimedOut { timeout_ms: u64, partial: Value },
+    #[error("{message}")]
+    Fs {
+        code: FsCode,
+        message: String,
+        fix: Option<(Value, String)>,
+    },
+    #[error("VM could not boot: {0}")]
+    BootFailed(String),
+    #[error("resource limit: {0}")]
+    ResourceLimit(String),
+    #[error("{0}")]
+    HostPathOutside(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The filesystem codes S210..S219.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsCode {
+    BadRequest,
+    NotFound,
+    WrongType,
+    Exists,
+    NotEmpty,
+    Permission,
+    Io,
+    BadRegex,
+    StreamAborted,
+    Unsupported,
+}
+
+impl FsCode {
+    fn code_and_kind(self) -> (&'static str, &'static str) {
+        match self {
+            FsCode::BadRequest => ("S210", "fs_bad_request"),
+            FsCode::NotFound => ("S211", "fs_not_found"),
+            FsCode::WrongType => ("S212", "fs_wrong_type"),
+            FsCode::Exists => ("S213", "fs_exists"),
+            FsCode::NotEmpty => ("S214", "fs_not_empty"),
+            FsCode::Permission => ("S215", "fs_permission"),
+            FsCode::Io => ("S216", "fs_io"),
+            FsCode::BadRegex => ("S217", "fs_bad_regex"),
+            FsCode::StreamAborted => ("S218", "fs_stream_aborted"),
+            FsCode::Unsupported => ("S219", "fs_unsupported"),
+        }
+    }
+}
+
+impl SandboxError {
+    /// The S-code and the `type` of the body.
+    pub fn code_and_kind(&self) -> (&'static str, &'static str) {
+        match self {
+            SandboxError::InvalidRequest(_) => ("S001", "invalid_request"),
+            SandboxError::UnknownSandbox(_) => ("S002", "sandbox_not_found"),
+            SandboxError::ExecLimit { .. } => ("S003", "exec_limit"),
+            SandboxError::Stopped(_) => ("S004", "sandbox_stopped"),
+            SandboxError::ImageNotAllowed(_) => ("S100", "image_not_allowed"),
+            SandboxError::ImageNotInstalled(_) => ("S101", "image_not_installed"),
+            SandboxError::PullFailed(_) => ("S102", "image_pull_failed"),
+            SandboxError::ExecTimedOut { .. } => ("S200", "exec_timeout"),
+            SandboxError::Fs { code, .. } => code.code_and_kind(),
+            SandboxError::BootFailed(_) => ("S300", "vm_boot_failed"),
+            SandboxError::ResourceLimit(_) => ("S400", "resource_limit"),
+            SandboxError::HostPathOutside(_) => ("S501", "host_path_outside_roots"),
+            SandboxError::Unsupported(_) => ("S219", "unsupported"),
+            SandboxError::Internal(_) => (plugin_api::error::INTERNAL, "internal_error"),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code_and_kind().0
+    }
+
+    /// Whether the same call may succeed if simply tried again.
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            SandboxError::ExecLimit { .. }
+                | SandboxError::PullFailed(_)
+                | SandboxError::ResourceLimit(_)
+                | SandboxError::Fs {
+                    code: FsCode::StreamAborted,
+                    ..
+                }
+        )
+    }
+
+    pub fn to_body(&self) -> ErrorBody {
+        let (code, kind) = self.code_and_kind();
+        let mut body = ErrorBody::new(code, kind, self.to_string()).retryable(self.retryable());
+        match self {
+            SandboxError::Fs {
+                fix: Some((fix, note)),
+                ..
+            } => {
+                body = body.with_fix(fix.clone(), note.clone());
+            }
+            SandboxError::ExecTimedOut { partial, .. } => {
+                body = body.with_output(partial.clone());
+            }
+            _ => {}
+        }
+        body
+    }
+}
+
+impl From<SandboxError> for ErrorBody {
+    fn from(error: SandboxError) -> Self {
+        error.to_body()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_spec_table() {
+        let cases = [
+            (SandboxError::InvalidRequest("x".into()), "S001"),
+            (SandboxError::UnknownSandbox("x".into()), "S002"),
+            (
+                SandboxError::ExecLimit {
+                    sandbox_id: "x".into(),
+                    cap: 4,
+                },
+                "S003",
+            ),
+            (SandboxError::Stopped("x".into()), "S004"),
+            (SandboxError::ImageNotAllowed("x".into()), "S100"),
+            (SandboxError::ImageNotInstalled("x".into()), "S101"),
+            (SandboxError::PullFailed("x".into()), "S102"),
+            (
+                SandboxError::ExecTimedOut {
+                    timeout_ms: 1,
+                    partial: Value::Null,
+                },
+                "S200",
+            ),
+            (
+                SandboxError::Fs {
+                    code: FsCode::NotFound,
+                    message: "x".into(),
+                    fix: None,
+                },
+                "S211",
+            ),
+            (SandboxError::BootFailed("x".into()), "S300"),
+            (SandboxError::ResourceLimit("x".into()), "S400"),
+            (SandboxError::HostPathOutside("x".into()), "S501"),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.to_body().code, code, "{error}");
+        }
+    }
+
+    #[test]
+    fn timeout_carries_partial_output_and_pull_is_retryable() {
+        let body = SandboxError::ExecTimedOut {
+            timeout_ms: 5,
+            partial: serde_json::json!({"stdout": "a"}),
+        }
+        .to_body();
+        assert_eq!(body.output.unwrap()["stdout"], "a");
+        assert!(SandboxError::PullFailed("x".into()).to_body().retryable);
+        assert!(!SandboxError::InvalidRequest("x".into()).to_body().retryable);
+    }
+
+    #[test]
+    fn fs_errors_carry_their_fix() {
+        let error = SandboxError::Fs {
+            code: FsCode::NotFound,
+            message: "parent missing".into(),
+            fix: Some((
+                serde_json::json!({"parents": true}),
+                "create the parents".into(),
+            )),
+        };
+        assert_eq!(error.to_body().fix, serde_json::json!({"parents": true}));
+    }
+}

@@ -1,0 +1,25 @@
+//! `adapter::info`: who we are, what we implement, and whether this host can run sandboxes.
+
+use serde_json::{json, Value};
+
+use crate::backend::Backend;
+use crate::functions::CONTRACT;
+use crate::plugin::SandboxPlugin;
+
+/// Capabilities this build serves; grows as operations land.
+pub const FEATURES: &[&str] = &["adapter::info", "worker_token_guard"];
+
+pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
+    let probe = plugin.backend.probe();
+    json!({
+        "adapter": plugin.adapter,
+        "adapter_version": plugin.adapter_version,
+        "contract": {"major": CONTRACT.major, "minor": CONTRACT.minor},
+        "features": FEATURES,
+        "backend": {
+            "name": plugin.backend.name(),
+            "ready": probe.is_ok(),
+            "reason": probe.err().map(|e| e.to_string()),
+        },
+    })
+}

@@ -1,0 +1,149 @@
+//! The shell's life: load the plugin, connect, read configuration, serve, stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iii_sdk::runtime::WorkerMetadata;
+use iii_sdk::{IIIClient, InitOptions};
+use plugin_api::host::PluginLibrary;
+
+use crate::auth::WorkerToken;
+use crate::cli::{trace_payloads_disabled, Args};
+use crate::serve::{register_all, Dispatcher};
+
+/// How the process ends; see the crate docs for the numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Stopped = 0,
+    EngineUnreachable = 1,
+    BadSetup = 2,
+    Refused = 3,
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(exit: Exit) -> Self {
+        std::process::ExitCode::from(exit as u8)
+    }
+}
+
+fn fail(exit: Exit, message: impl std::fmt::Display) -> Exit {
+    eprintln!("sandbox-libkrun: {message}");
+    exit
+}
+
+pub async fn run(args: Args) -> Exit {
+    if args
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns.trim().is_empty())
+    {
+        return fail(
+            Exit::BadSetup,
+            "III_NAMESPACE is set but blank: give it a name or unset it",
+        );
+    }
+    let plugin_path = args.plugin_path();
+    let library = match PluginLibrary::load(&plugin_path) {
+        Ok(library) => library,
+        Err(e) => return fail(Exit::BadSetup, e),
+    };
+    let manifest = library.manifest().clone();
+    let prefix = args
+        .prefix
+        .clone()
+        .unwrap_or_else(|| manifest.adapter.clone());
+    tracing::info!(plugin = %plugin_path.display(), adapter = %manifest.adapter, %prefix, "plugin loaded");
+
+    let iii = connect(&args, &manifest.adapter_version);
+    if let Err(e) = iii
+        .wait_until_registered(Duration::from_secs(args.connect_timeout_secs))
+        .await
+    {
+        return fail(
+            refusal_or(Exit::EngineUnreachable, &iii),
+            format!("cannot register with the engine at {}: {e}", args.url),
+        );
+    }
+
+    let config = crate::configuration::read(&iii, &args.config_name).await;
+    // The engine answers in order: a refusal of our worker name arrives before this reply.
+    if let Some(refusal) = iii.fatal_error() {
+        return fail(
+            Exit::Refused,
+            format!("the engine refused this worker: {refusal}"),
+        );
+    }
+    let config = match config {
+        Ok(config) => config,
+        Err(e) => return fail(Exit::BadSetup, e),
+    };
+    let plugin = match library.init(&config) {
+        Ok(plugin) => plugin,
+        Err(reason) => {
+            return fail(
+                Exit::BadSetup,
+                format!("configuration `{}`: {reason}", args.config_name),
+            )
+        }
+    };
+
+    let dispatcher = Arc::new(Dispatcher {
+        plugin: plugin.clone(),
+        token: WorkerToken::from_env(),
+        trace_payloads: !trace_payloads_disabled(),
+    });
+    register_all(&iii, &prefix, &manifest.functions, dispatcher);
+    tracing::info!(worker = %args.worker_name, functions = manifest.functions.len(), "serving");
+
+    let exit = serve_until_stopped(&iii).await;
+    iii.shutdown_async().await;
+    let _ = tokio::task::spawn_blocking(move || plugin.shutdown()).await;
+    exit
+}
+
+fn connect(args: &Args, version: &str) -> IIIClient {
+    let metadata = WorkerMetadata {
+        name: args.worker_name.clone(),
+        version: version.to_string(),
+        description: Some("Runs code sandboxes and worker VMs".into()),
+        namespace: args.namespace.clone(),
+        ..WorkerMetadata::default()
+    };
+    let options = InitOptions {
+        metadata: Some(metadata),
+        namespace: args.namespace.clone(),
+        // Our own arguments already took III_WORKER_NAME / III_NAMESPACE into account.
+        identity: iii_sdk::WorkerIdentityMode::Explicit,
+        ..InitOptions::default()
+    };
+    iii_sdk::register_worker(&args.url, options)
+}
+
+/// Serves until SIGINT/SIGTERM (exit 0) or a fatal refusal from the engine (exit 3).
+async fn serve_until_stopped(iii: &IIIClient) -> Exit {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(e) => return fail(Exit::BadSetup, format!("cannot watch SIGTERM: {e}")),
+        };
+    let mut poll = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Exit::Stopped,
+            _ = terminate.recv() => return Exit::Stopped,
+            _ = poll.tick() => {
+                if let Some(refusal) = iii.fatal_error() {
+                    return fail(Exit::Refused, format!("the engine refused this worker: {refusal}"));
+                }
+            }
+        }
+    }
+}
+
+fn refusal_or(otherwise: Exit, iii: &IIIClient) -> Exit {
+    if iii.fatal_error().is_some() {
+        Exit::Refused
+    } else {
+        otherwise
+    }
+}
