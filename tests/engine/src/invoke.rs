@@ -1,0 +1,124 @@
+//! Calls: route an `invokefunction` to a built-in or to the owning worker, and route the
+//! owner's `invocationresult` back to the caller.
+
+use serde_json::{Map, Value};
+
+use crate::builtins;
+use crate::pending::PendingCall;
+use crate::state::State;
+use crate::wire::{self, ErrorBody};
+
+/// What a call names, taken from the frame.
+pub struct Call {
+    pub invocation_id: Option<String>,
+    pub function_id: String,
+    pub namespace: Option<String>,
+}
+
+/// Handles one `invokefunction` from `caller`; `raw` is the frame as received.
+pub fn invoke(state: &mut State, caller: &str, call: Call, mut raw: Value) {
+    let Call {
+        invocation_id,
+        function_id,
+        namespace,
+    } = call;
+    let reply = |state: &State, outcome: Result<Value, ErrorBody>| {
+        if let Some(id) = &invocation_id {
+            let frame = wire::invocation_result(id, &function_id, outcome);
+            state.workers.send(caller, &frame);
+        }
+    };
+
+    let data = raw.get("data").cloned().unwrap_or(Value::Null);
+    if let Some(outcome) = builtins::call(state, caller, &function_id, data) {
+        reply(state, outcome);
+        return;
+    }
+
+    let namespace = namespace.unwrap_or_else(|| wire::DEFAULT_NAMESPACE.to_string());
+    let Some(owner) = state
+        .functions
+        .get(&namespace, &function_id)
+        .map(|entry| entry.owner.clone())
+    else {
+        let message = format!("Function {function_id} not found in namespace {namespace}.");
+        reply(
+            state,
+            Err(ErrorBody::new(wire::FUNCTION_NOT_FOUND, message)),
+        );
+        return;
+    };
+
+    stamp_caller(state, caller, &mut raw);
+    let leg_id = invocation_id.as_ref().map(|id| {
+        state.pending.insert(PendingCall {
+            caller: caller.to_string(),
+            caller_invocation_id: id.clone(),
+            owner: owner.clone(),
+            function_id: function_id.clone(),
+        })
+    });
+    if let (Some(leg_id), Some(frame)) = (&leg_id, raw.as_object_mut()) {
+        frame.insert("invocation_id".into(), Value::String(leg_id.clone()));
+    }
+    if !state.workers.send(&owner, &raw) {
+        // The owner's queue is closed: it is going away and will not answer.
+        if let Some(leg_id) = leg_id {
+            state.pending.complete(&leg_id, &owner);
+            let message = format!("Invocation stopped: worker {owner} is disconnecting.");
+            reply(
+                state,
+                Err(ErrorBody::new(wire::INVOCATION_STOPPED, message)),
+            );
+        }
+    }
+}
+
+/// Adds `_caller_worker_id` to object data, and the engine-stamped half of `caller`.
+fn stamp_caller(state: &State, caller: &str, raw: &mut Value) {
+    let Some(frame) = raw.as_object_mut() else {
+        return;
+    };
+    if let Some(data) = frame.get_mut("data").and_then(Value::as_object_mut) {
+        data.insert(
+            "_caller_worker_id".into(),
+            Value::String(caller.to_string()),
+        );
+    }
+    let name = state
+        .workers
+        .get(caller)
+        .and_then(|w| w.name())
+        .map(str::to_string);
+    let stamped = frame
+        .entry("caller")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !stamped.is_object() {
+        *stamped = Value::Object(Map::new());
+    }
+    if let Some(stamped) = stamped.as_object_mut() {
+        stamped.insert("worker_id".into(), Value::String(caller.to_string()));
+        if let Some(name) = name {
+            stamped.insert("worker_name".into(), Value::String(name));
+        }
+    }
+}
+
+/// Handles one `invocationresult` from `owner`: forwarded unchanged but for the caller's id.
+pub fn complete(state: &mut State, owner: &str, leg_id: &str, mut raw: Value) {
+    let Some(call) = state.pending.complete(leg_id, owner) else {
+        tracing::debug!(
+            owner,
+            invocation_id = leg_id,
+            "result for no pending call; dropped"
+        );
+        return;
+    };
+    if let Some(frame) = raw.as_object_mut() {
+        frame.insert(
+            "invocation_id".into(),
+            Value::String(call.caller_invocation_id.clone()),
+        );
+    }
+    state.workers.send(&call.caller, &raw);
+}
