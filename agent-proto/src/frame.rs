@@ -178,7 +178,7 @@ impl Frame {
     }
 
     /// Reads one frame from a blocking stream. A clean EOF before the header is `Closed`.
-    pub fn read_from(reader: &mut impl Read) -> Result<Frame, FrameError> {
+    pub fn read_from(reader: &mut (impl Read + ?Sized)) -> Result<Frame, FrameError> {
         let mut head = [0u8; HEADER_LEN];
         read_header(reader, &mut head)?;
         let header = FrameHeader::parse(&head)?;
@@ -193,14 +193,17 @@ impl Frame {
     }
 
     /// Writes one frame to a blocking stream and flushes it.
-    pub fn write_to(&self, writer: &mut impl Write) -> Result<(), FrameError> {
+    pub fn write_to(&self, writer: &mut (impl Write + ?Sized)) -> Result<(), FrameError> {
         writer.write_all(&self.to_bytes()?)?;
         writer.flush()?;
         Ok(())
     }
 }
 
-fn read_header(reader: &mut impl Read, head: &mut [u8; HEADER_LEN]) -> Result<(), FrameError> {
+fn read_header(
+    reader: &mut (impl Read + ?Sized),
+    head: &mut [u8; HEADER_LEN],
+) -> Result<(), FrameError> {
     let mut filled = 0;
     while filled < HEADER_LEN {
         match reader.read(&mut head[filled..]) {

@@ -1,2 +1,86 @@
-//! sandbox-agent
-fn main() {}
+//! sandbox-agent: the guest agent. It runs as PID 1 of a sandbox (a libkrun microVM or a
+//! bubblewrap namespace), speaks agent-proto with the host over one byte stream
+//! (`--stdio`, `--vsock-port N`, or `--unix PATH`), runs execs and fs operations, reaps
+//! every zombie and forwards SIGTERM/SIGINT to its execs. It is not the host side: the
+//! client lives in agent-proto, the policy (limits, S-codes) in sandbox-core.
+//!
+//! Threads plus poll rather than an async runtime: each exec is one thread blocked in
+//! poll on its two pipes, the binary stays small and static, and PID 1 duties (sigwait,
+//! waitpid(-1)) fit a plain thread naturally.
+
+mod exec;
+mod fs;
+mod log;
+mod outbox;
+mod procs;
+mod server;
+mod sys;
+mod transport;
+
+use std::process::ExitCode;
+
+use log::log;
+
+const USAGE: &str = "usage: sandbox-agent (--stdio | --vsock-port PORT | --unix PATH)";
+
+enum Mode {
+    Stdio,
+    Vsock(u32),
+    Unix(String),
+}
+
+fn parse_args(args: &[String]) -> Option<Mode> {
+    match args {
+        [flag] if flag == "--stdio" => Some(Mode::Stdio),
+        [flag, port] if flag == "--vsock-port" => port.parse().ok().map(Mode::Vsock),
+        [flag, path] if flag == "--unix" => Some(Mode::Unix(path.clone())),
+        _ => None,
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(mode) = parse_args(&args) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    // Before any thread exists, so every thread inherits the mask.
+    if let Err(e) = sys::block_handled_signals() {
+        log!("cannot block signals: {e}");
+        return ExitCode::from(1);
+    }
+    if std::process::id() != 1 {
+        if let Err(e) = sys::become_subreaper() {
+            log!("cannot become a subreaper ({e}); orphans go to init");
+        }
+    }
+    let table = procs::ProcTable::default();
+    if let Err(e) = procs::start_signal_thread(table.clone()) {
+        log!("cannot start the signal thread: {e}");
+        return ExitCode::from(1);
+    }
+    let stream = match &mode {
+        Mode::Stdio => transport::stdio(),
+        Mode::Vsock(port) => transport::vsock(*port),
+        Mode::Unix(path) => transport::unix(path),
+    };
+    let (mut reader, writer) = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            log!("cannot open the host stream: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let ctx = exec::ExecContext {
+        table: table.clone(),
+        outbox: outbox::Outbox::new(writer),
+    };
+    let ending = server::serve(&mut reader, ctx);
+    // Whatever ended the session, nothing we started may outlive it.
+    table.signal_all(libc::SIGKILL);
+    log!("exiting: {ending}");
+    match ending {
+        server::Ending::Shutdown | server::Ending::StreamClosed => ExitCode::SUCCESS,
+        server::Ending::StreamBroken(_) | server::Ending::Handshake(_) => ExitCode::from(1),
+    }
+}

@@ -1,0 +1,97 @@
+//! Filesystem operations on the guest's own root: the agent runs inside the sandbox, so
+//! its `/` is the sandbox's root and a path cannot name anything of the host. One file
+//! per group of SPEC `fs::*` rows; errors map to S210..S219 here.
+
+mod entry;
+mod file;
+mod tree;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use agent_proto::{FsError, FsErrorCode, FsReply, FsRequest, FsResponse, Message};
+
+use crate::outbox::Outbox;
+
+/// Runs one request and sends its reply (a read sends its `Data` frames first).
+pub fn serve(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) {
+    let reply = match run(id, request, body, outbox) {
+        Ok(r) => FsReply::Ok(r),
+        Err(e) => FsReply::Err(e),
+    };
+    outbox.send(id, Message::FsReply(reply));
+}
+
+fn run(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) -> Result<FsResponse, FsError> {
+    match request {
+        FsRequest::Ls { path } => entry::ls(&guest_path(&path)?),
+        FsRequest::Stat { path } => entry::stat(&guest_path(&path)?),
+        FsRequest::Mkdir {
+            path,
+            mode,
+            parents,
+        } => tree::mkdir(&guest_path(&path)?, mode, parents),
+        FsRequest::Write {
+            path,
+            mode,
+            parents,
+            append,
+            ..
+        } => file::write(&guest_path(&path)?, &body, mode, parents, append),
+        FsRequest::Read {
+            path,
+            offset,
+            max_bytes,
+        } => file::read(&guest_path(&path)?, offset, max_bytes, |chunk| {
+            outbox.send(
+                id,
+                Message::Data {
+                    data: chunk,
+                    end: false,
+                },
+            )
+        }),
+        FsRequest::Rm { path, recursive } => tree::rm(&guest_path(&path)?, recursive),
+        FsRequest::Chmod {
+            path,
+            mode,
+            uid,
+            gid,
+            recursive,
+        } => tree::chmod(&guest_path(&path)?, mode, uid, gid, recursive),
+        FsRequest::Mv {
+            src,
+            dst,
+            overwrite,
+        } => tree::mv(&guest_path(&src)?, &guest_path(&dst)?, overwrite),
+    }
+}
+
+/// Paths must be absolute guest paths; relative ones would depend on the agent's cwd.
+fn guest_path(path: &str) -> Result<PathBuf, FsError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(FsError::new(
+            FsErrorCode::BadRequest,
+            format!("{path:?}: expected an absolute path"),
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Maps an OS error on `path` to the SPEC's fs codes.
+fn os_error(path: &Path, err: io::Error) -> FsError {
+    let code = match err.raw_os_error() {
+        Some(libc::ENOENT) => FsErrorCode::NotFound,
+        Some(libc::EEXIST) => FsErrorCode::Exists,
+        Some(libc::ENOTEMPTY) => FsErrorCode::NotEmpty,
+        Some(libc::ENOTDIR) | Some(libc::EISDIR) => FsErrorCode::WrongType,
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => FsErrorCode::Permission,
+        Some(libc::EXDEV) => FsErrorCode::Unsupported,
+        _ => FsErrorCode::Io,
+    };
+    FsError::new(code, format!("{}: {err}", path.display()))
+}
+
+fn fs_error(code: FsErrorCode, path: &Path, what: &str) -> FsError {
+    FsError::new(code, format!("{}: {what}", path.display()))
+}

@@ -1,0 +1,208 @@
+//! The reader loop: handshake, then every frame from the host dispatched by kind and
+//! request id. Work runs on other threads; this loop only routes.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use agent_proto::{
+    ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, PROTOCOL_VERSION,
+};
+
+use crate::exec::{self, ExecContext, ExecHandle};
+use crate::fs;
+use crate::log::log;
+
+/// Largest fs write body the agent buffers; larger files are written in appended parts.
+const MAX_WRITE_BODY: usize = 64 * 1024 * 1024;
+
+/// Why serving stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Ending {
+    #[error("host asked for shutdown")]
+    Shutdown,
+    #[error("host closed the stream")]
+    StreamClosed,
+    #[error("stream broken: {0}")]
+    StreamBroken(FrameError),
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+}
+
+type Execs = Arc<Mutex<HashMap<u32, ExecHandle>>>;
+
+struct Server {
+    ctx: ExecContext,
+    execs: Execs,
+    /// fs requests whose body is still arriving.
+    bodies: HashMap<u32, (FsRequest, Vec<u8>)>,
+}
+
+pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
+    let software = concat!("sandbox-agent ", env!("CARGO_PKG_VERSION"));
+    ctx.outbox.send(0, Message::Hello(Hello::new(software)));
+    if let Err(e) = handshake(reader, &ctx) {
+        return e;
+    }
+    let mut server = Server {
+        ctx,
+        execs: Arc::default(),
+        bodies: HashMap::new(),
+    };
+    loop {
+        let frame = match Frame::read_from(reader) {
+            Ok(frame) => frame,
+            Err(FrameError::Closed) => return Ending::StreamClosed,
+            Err(e) => return Ending::StreamBroken(e),
+        };
+        let id = frame.id;
+        match Message::from_frame(frame) {
+            Ok(Message::Shutdown) => {
+                server.kill_all();
+                server.ctx.outbox.send(id, Message::ShutdownAck);
+                return Ending::Shutdown;
+            }
+            Ok(msg) => server.dispatch(id, msg),
+            Err(e) => server.refuse(id, ErrorCode::BadRequest, e.to_string()),
+        }
+    }
+}
+
+fn handshake(reader: &mut dyn Read, ctx: &ExecContext) -> Result<(), Ending> {
+    let frame = Frame::read_from(reader).map_err(|e| Ending::Handshake(e.to_string()))?;
+    match Message::from_frame(frame) {
+        Ok(Message::Hello(h)) if h.version == PROTOCOL_VERSION => {
+            log!("host connected ({}, protocol {})", h.software, h.version);
+            Ok(())
+        }
+        Ok(Message::Hello(h)) => {
+            let why = format!(
+                "host speaks protocol {}, this agent speaks {PROTOCOL_VERSION}",
+                h.version
+            );
+            let err = RequestError::new(ErrorCode::VersionMismatch, why.clone());
+            ctx.outbox.send(0, Message::Error(err));
+            Err(Ending::Handshake(why))
+        }
+        Ok(other) => Err(Ending::Handshake(format!("expected Hello, got {other:?}"))),
+        Err(e) => Err(Ending::Handshake(e.to_string())),
+    }
+}
+
+impl Server {
+    fn dispatch(&mut self, id: u32, msg: Message) {
+        match msg {
+            Message::ExecStart(req) => self.start_exec(id, req),
+            Message::Stdin { data, end } => {
+                let mut execs = lock(&self.execs);
+                if let Some(handle) = execs.get_mut(&id) {
+                    if let Some(tx) = &handle.stdin {
+                        // The program may be gone already; its stdin is then moot.
+                        let _ = tx.send(data);
+                    }
+                    if end {
+                        handle.stdin = None;
+                    }
+                }
+            }
+            Message::ExecKill => {
+                if let Some(handle) = lock(&self.execs).get(&id) {
+                    handle.control.request_kill();
+                }
+            }
+            Message::FsRequest { request, has_body } => {
+                if has_body {
+                    self.bodies.insert(id, (request, Vec::new()));
+                } else {
+                    self.run_fs(id, request, Vec::new());
+                }
+            }
+            Message::Data { data, end } => self.fs_body(id, data, end),
+            other => {
+                let what = format!("{other:?}").chars().take(80).collect::<String>();
+                self.refuse(
+                    id,
+                    ErrorCode::BadRequest,
+                    format!("unexpected message {what}"),
+                );
+            }
+        }
+    }
+
+    fn start_exec(&mut self, id: u32, req: agent_proto::ExecRequest) {
+        let mut execs = lock(&self.execs);
+        if execs.contains_key(&id) {
+            drop(execs);
+            return self.refuse(
+                id,
+                ErrorCode::DuplicateId,
+                format!("request {id} is running"),
+            );
+        }
+        let registry = self.execs.clone();
+        match exec::start(id, req, self.ctx.clone(), move || {
+            lock(&registry).remove(&id);
+        }) {
+            Ok(handle) => {
+                execs.insert(id, handle);
+            }
+            Err(e) => {
+                drop(execs);
+                self.refuse(
+                    id,
+                    ErrorCode::SpawnFailed,
+                    format!("no thread for exec: {e}"),
+                );
+            }
+        }
+    }
+
+    fn fs_body(&mut self, id: u32, data: Vec<u8>, end: bool) {
+        let Some((_, body)) = self.bodies.get_mut(&id) else {
+            return self.refuse(id, ErrorCode::BadRequest, "data for no fs request".into());
+        };
+        if body.len() + data.len() > MAX_WRITE_BODY {
+            self.bodies.remove(&id);
+            let why = format!("write body over {MAX_WRITE_BODY} bytes: send it in appended parts");
+            return self.refuse(id, ErrorCode::BadRequest, why);
+        }
+        body.extend_from_slice(&data);
+        if end {
+            if let Some((request, body)) = self.bodies.remove(&id) {
+                self.run_fs(id, request, body);
+            }
+        }
+    }
+
+    fn run_fs(&self, id: u32, request: FsRequest, body: Vec<u8>) {
+        let outbox = self.ctx.outbox.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("fs-{id}"))
+            .spawn(move || fs::serve(id, request, body, &outbox));
+        if let Err(e) = spawned {
+            self.refuse(
+                id,
+                ErrorCode::SpawnFailed,
+                format!("no thread for fs op: {e}"),
+            );
+        }
+    }
+
+    fn refuse(&self, id: u32, code: ErrorCode, message: String) {
+        log!("request {id} refused: {message}");
+        self.ctx
+            .outbox
+            .send(id, Message::Error(RequestError::new(code, message)));
+    }
+
+    fn kill_all(&self) {
+        for handle in lock(&self.execs).values() {
+            handle.control.request_kill();
+        }
+        self.ctx.table.signal_all(libc::SIGKILL);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,164 @@
+//! Every system call the agent makes through libc, with its safety argument.
+//! Everything else in the crate is safe code.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The signals the agent handles itself (in one thread, with `sigwait`).
+const HANDLED: [libc::c_int; 3] = [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT];
+
+fn handled_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in HANDLED {
+        // SAFETY: as above; `sig` is a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    set
+}
+
+/// Blocks the handled signals in the calling thread; threads spawned later inherit the
+/// mask. Children get an empty mask back from std's spawn.
+pub fn block_handled_signals() -> io::Result<()> {
+    let set = handled_set();
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits for one of the handled signals.
+pub fn wait_signal() -> io::Result<libc::c_int> {
+    let set = handled_set();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is initialised and `sig` is a valid out pointer.
+    let rc = unsafe { libc::sigwait(&set, &mut sig) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(sig)
+}
+
+/// Reaps one exited child without blocking: `Some((pid, raw status))`, or `None` when no
+/// child has exited (or there are no children).
+pub fn reap_any() -> Option<(libc::pid_t, libc::c_int)> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: `status` is a valid out pointer; WNOHANG never blocks.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    (pid > 0).then_some((pid, status))
+}
+
+/// Sends `sig` to every process of group `pgid`. Errors (group gone) are ignored.
+pub fn kill_group(pgid: libc::pid_t, sig: libc::c_int) {
+    if pgid > 1 {
+        // SAFETY: kill has no memory effects; pgid > 1 never targets "every process".
+        unsafe { libc::kill(-pgid, sig) };
+    }
+}
+
+/// Makes orphaned descendants reparent to us, so we reap them even when not PID 1.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes one integer argument.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// In a freshly forked child: die with SIGKILL when the agent dies.
+pub fn die_with_parent() -> io::Result<()> {
+    // SAFETY: prctl is async-signal-safe and takes one integer argument here.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A close-on-exec, non-blocking pipe: (read end, write end).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes one byte, ignoring a full pipe (a wake-up is already pending then).
+pub fn write_byte(fd: &OwnedFd) {
+    let byte = 1u8;
+    // SAFETY: the buffer is one valid byte; the fd is open for the borrow's duration.
+    unsafe { libc::write(fd.as_raw_fd(), (&byte as *const u8).cast(), 1) };
+}
+
+/// Reads and discards everything pending on a non-blocking fd.
+pub fn drain(fd: &OwnedFd) {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: `buf` is valid for its length; the fd is open for the borrow's duration.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return;
+        }
+    }
+}
+
+/// Polls `fds` for readability (or hang-up). Returns, per fd, whether it is ready.
+/// `timeout_ms` < 0 waits forever. EINTR counts as "nothing ready".
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(err);
+    }
+    Ok(pfds.iter().map(|p| p.revents != 0).collect())
+}
+
+/// Connects a stream socket to the host over vsock (CID 2).
+pub fn vsock_connect(port: u32) -> io::Result<OwnedFd> {
+    const HOST_CID: u32 = 2;
+    // SAFETY: plain socket creation; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socket succeeded, so `fd` is open and ours alone.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_vm is plain data; all-zero is a valid starting value.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_cid = HOST_CID;
+    addr.svm_port = port;
+    // SAFETY: `addr` is a valid sockaddr_vm and the length passed is its size.
+    let rc = unsafe {
+        libc::connect(
+            owned.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned)
+}

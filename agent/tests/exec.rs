@@ -1,0 +1,228 @@
+//! Exec semantics through the real agent binary and the real client.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use agent_proto::{AgentError, ErrorCode};
+use common::*;
+
+#[tokio::test]
+async fn echo_and_exit_codes() {
+    let agent = start_agent().await;
+    let out = run(&agent, spec(&["echo", "hello", "world"])).await;
+    assert_eq!(text(&out.stdout), "hello world\n");
+    assert_eq!(out.exit_code, 0);
+    assert!(!out.timed_out && !out.stdout_truncated && !out.stderr_truncated);
+
+    let out = run(&agent, sh("echo oops >&2; exit 3")).await;
+    assert_eq!(out.exit_code, 3);
+    assert_eq!(text(&out.stderr), "oops\n");
+
+    let out = run(&agent, sh("kill -9 $$")).await;
+    assert_eq!(
+        out.exit_code,
+        128 + 9,
+        "killed by a signal reads like a shell"
+    );
+}
+
+#[tokio::test]
+async fn stdin_is_fed_then_closed() {
+    let agent = start_agent().await;
+    let mut s = spec(&["cat"]);
+    s.stdin = b"abc\n".to_vec();
+    let out = run(&agent, s).await;
+    assert_eq!(text(&out.stdout), "abc\n");
+
+    // Several chunks' worth, checked byte for byte.
+    let big: Vec<u8> = (0..3 * MIB + 17).map(|i| (i * 7 % 251) as u8).collect();
+    let mut s = spec(&["cat"]);
+    s.stdin = big.clone();
+    s.max_output_bytes = 4 * MIB;
+    let out = run(&agent, s).await;
+    assert_eq!(out.stdout.len(), big.len());
+    assert!(out.stdout == big, "stdin comes back unchanged");
+
+    // No stdin at all: the program sees EOF at once instead of hanging.
+    let out = run(&agent, spec(&["wc", "-c"])).await;
+    assert_eq!(text(&out.stdout).trim(), "0");
+}
+
+#[tokio::test]
+async fn env_is_clean_with_default_path() {
+    let agent = start_agent().await;
+    let mut s = spec(&["env"]);
+    s.env = vec![("FOO".into(), "bar baz".into())];
+    let out = run(&agent, s).await;
+    let mut lines: Vec<&str> = text(&out.stdout).lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            "FOO=bar baz",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        ]
+    );
+
+    let mut s = spec(&["/usr/bin/env"]);
+    s.env = vec![("PATH".into(), "/nowhere".into())];
+    let out = run(&agent, s).await;
+    assert_eq!(text(&out.stdout), "PATH=/nowhere\n");
+
+    let mut s = spec(&["env"]);
+    s.env = vec![("BAD=NAME".into(), "x".into())];
+    match agent.client.exec(s).await {
+        Err(AgentError::Request(e)) => assert_eq!(e.code, ErrorCode::BadRequest),
+        other => panic!("bad env name must be refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn workdir_is_used_and_checked() {
+    let agent = start_agent().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let real = std::fs::canonicalize(dir.path()).expect("canonical");
+    let mut s = spec(&["pwd"]);
+    s.workdir = Some(real.to_string_lossy().into_owned());
+    let out = run(&agent, s).await;
+    assert_eq!(text(&out.stdout).trim_end(), real.to_string_lossy());
+
+    let mut s = spec(&["pwd"]);
+    s.workdir = Some(real.join("missing").to_string_lossy().into_owned());
+    match agent.client.exec(s).await {
+        Err(AgentError::Request(e)) => assert_eq!(e.code, ErrorCode::BadWorkdir),
+        other => panic!("missing workdir must be refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn missing_program_is_127_and_non_executable_is_126() {
+    let agent = start_agent().await;
+    let out = run(&agent, spec(&["no-such-program-here"])).await;
+    assert_eq!(out.exit_code, 127);
+    assert!(text(&out.stderr).contains("not found"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("script");
+    std::fs::write(&file, "#!/bin/sh\necho hi\n").expect("write");
+    let out = run(&agent, spec(&[file.to_str().expect("utf-8 path")])).await;
+    assert_eq!(out.exit_code, 126);
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_group_and_keeps_partial_output() {
+    let agent = start_agent().await;
+    let mut s = sh("sleep 100 & echo $!; echo partial; wait");
+    s.timeout_ms = 500;
+    let out = run(&agent, s).await;
+    assert!(out.timed_out);
+    assert_eq!(out.exit_code, 128 + 9);
+    let grandchild = parse_pid(&out.stdout);
+    assert!(text(&out.stdout).contains("partial"));
+    assert!(
+        pid_gone(grandchild, Duration::from_secs(5)).await,
+        "grandchild {grandchild} survived the timeout"
+    );
+}
+
+#[tokio::test]
+async fn fifty_mib_output_gives_exactly_the_cap_and_the_flag() {
+    let agent = start_agent().await;
+    let out = run(
+        &agent,
+        sh("head -c 52428800 /dev/zero; head -c 52428800 /dev/zero >&2"),
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "the program ran to its end");
+    assert_eq!(out.stdout.len(), MIB);
+    assert_eq!(out.stderr.len(), MIB);
+    assert!(out.stdout_truncated && out.stderr_truncated);
+
+    let mut s = sh("printf 0123456789");
+    s.max_output_bytes = 10;
+    let out = run(&agent, s).await;
+    assert_eq!(text(&out.stdout), "0123456789");
+    assert!(!out.stdout_truncated, "exactly the cap is not truncated");
+}
+
+#[tokio::test]
+async fn background_child_holding_stdout_returns_at_the_timeout() {
+    let agent = start_agent().await;
+    let mut s = sh("echo early; sleep 60 & exit 0");
+    s.timeout_ms = 1000;
+    let started = Instant::now();
+    let out = run(&agent, s).await;
+    let took = started.elapsed();
+    assert_eq!(text(&out.stdout), "early\n");
+    assert!(out.timed_out, "output never closed before the deadline");
+    assert_eq!(out.exit_code, 0, "the main process's own status is kept");
+    assert!(
+        took < Duration::from_secs(30),
+        "returned after {took:?}, not at the timeout"
+    );
+}
+
+#[tokio::test]
+async fn orphans_are_reaped_and_exec_statuses_are_not_stolen() {
+    let agent = start_agent().await;
+    let out = run(&agent, sh("sleep 0.2 >/dev/null 2>&1 & echo $!; exit 7")).await;
+    assert_eq!(out.exit_code, 7);
+    let orphan = parse_pid(&out.stdout);
+    assert!(
+        pid_gone(orphan, Duration::from_secs(5)).await,
+        "orphan {orphan} left as a zombie"
+    );
+}
+
+#[tokio::test]
+async fn a_thousand_print_then_exit_runs_lose_no_tail() {
+    let agent = start_agent().await;
+    let expected: String = (1..=2000).map(|i| format!("{i}\n")).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..4 {
+        let client = agent.client.clone();
+        let expected = expected.clone();
+        tasks.spawn(async move {
+            for run in 0..250 {
+                let out = client
+                    .exec(spec(&["seq", "1", "2000"]))
+                    .await
+                    .expect("exec");
+                assert_eq!(out.exit_code, 0);
+                assert!(
+                    out.stdout == expected.as_bytes(),
+                    "worker {worker} run {run}: {} of {} bytes",
+                    out.stdout.len(),
+                    expected.len()
+                );
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("worker finished");
+    }
+}
+
+#[tokio::test]
+async fn five_execs_run_at_once() {
+    let agent = start_agent().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_string_lossy().into_owned();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        // Each waits until all five have started: only possible if they run together.
+        let script = format!(
+            "touch {d}/{i}; while [ $(ls {d} | wc -l) -lt 5 ]; do sleep 0.02; done; echo ok{i}"
+        );
+        let mut s = sh(&script);
+        s.timeout_ms = 20_000;
+        let client = agent.client.clone();
+        tasks.push(tokio::spawn(async move { client.exec(s).await }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let out = task.await.expect("task").expect("exec");
+        assert!(!out.timed_out, "exec {i} waited for the others in vain");
+        assert_eq!(text(&out.stdout), format!("ok{i}\n"));
+    }
+}
