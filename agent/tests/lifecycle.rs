@@ -161,7 +161,7 @@ struct Raw {
 
 impl Raw {
     fn start() -> Raw {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        let child = std::process::Command::new(agent_bin())
             .arg("--stdio")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

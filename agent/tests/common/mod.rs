@@ -16,8 +16,15 @@ pub struct Agent {
     pub child: Child,
 }
 
+/// The agent under test: `$SANDBOX_AGENT_BIN` (e.g. the static build from
+/// `build-static.sh`), else the binary cargo built for these tests.
+pub fn agent_bin() -> String {
+    std::env::var("SANDBOX_AGENT_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sandbox-agent").to_string())
+}
+
 pub async fn start_agent() -> Agent {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+    let mut child = Command::new(agent_bin())
         .arg("--stdio")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
