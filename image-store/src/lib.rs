@@ -1,1 +1,42 @@
-//! image-store (placeholder; filled in by its owner).
+//! image-store: the sandbox image catalog, OCI pulls, verified layer unpacking and the local
+//! image cache of sandbox-libkrun.
+//!
+//! It turns a catalog name (`python`, `node`, or a configured custom image) into a read-only,
+//! flattened root filesystem on disk ([`PreparedImage::rootfs`]). It is not a container
+//! runtime: it never boots anything, and it never gives a sandbox a writable view (callers put
+//! their own writable layer on top; **the cached root must be treated as read-only**).
+//!
+//! | concern | file |
+//! |---|---|
+//! | settings, presets | `settings.rs` |
+//! | catalog (`catalog::list`) | `catalog.rs` |
+//! | S-codes | `error.rs` |
+//! | manifests, platform choice | `manifest.rs` |
+//! | registry access (oci-client) | `pull.rs`, `auth.rs`, `reference.rs` |
+//! | cache layout, locks | `cache.rs`, `lock.rs` |
+//! | unpack (whiteouts, diff_id, safe paths) | `unpack/` |
+//! | progress | `progress.rs` |
+//! | the facade | `store.rs` |
+
+mod auth;
+mod cache;
+mod catalog;
+mod digest;
+mod error;
+mod lock;
+mod manifest;
+mod progress;
+mod pull;
+mod reference;
+mod settings;
+mod store;
+pub mod unpack;
+
+pub use catalog::{CatalogEntry, ImageKind};
+pub use digest::Digest;
+pub use error::ImageError;
+pub use manifest::ImageRuntimeConfig;
+pub use settings::{default_cache_dir, default_docker_config, ImageSettings, PRESETS};
+pub use progress::{NoProgress, PullProgress, TracingProgress};
+pub use pull::PullError;
+pub use store::{ImageStore, PreparedImage};

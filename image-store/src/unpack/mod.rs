@@ -1,0 +1,219 @@
+//! Verified layer unpacking: decompress by magic bytes, apply tar entries with whiteouts and
+//! opaque directories, keep owners and modes, and check the uncompressed digest (diff_id).
+//! Nothing is ever written outside the root (see `resolve` for how paths are resolved).
+
+mod decompress;
+mod entry;
+mod resolve;
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufReader};
+use std::path::{Path, PathBuf};
+
+use tar::EntryType;
+
+pub use decompress::Compression;
+pub use resolve::ResolveError;
+
+use crate::digest::{Digest, HashingReader};
+use entry::Meta;
+
+const WHITEOUT_PREFIX: &str = ".wh.";
+const OPAQUE: &str = ".wh..wh..opq";
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("reading layer: {0}")]
+    Read(#[source] io::Error),
+    #[error("entry refused: {0}")]
+    Unsafe(#[from] ResolveError),
+    #[error("hard link {name:?} -> {target:?}: {source}")]
+    HardLink {
+        name: String,
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("writing {path:?}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("layer content digest {actual} does not match the image config's diff_id {expected}")]
+    DiffId { expected: String, actual: String },
+}
+
+/// Counts of one applied layer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LayerStats {
+    pub compression: Option<Compression>,
+    pub entries: u64,
+    pub whiteouts: u64,
+    pub uncompressed_bytes: u64,
+}
+
+/// Applies one layer blob (compressed or not) onto `root`, then checks its diff_id.
+/// On error the root is left half-written: callers unpack into a temporary root and drop it.
+pub fn apply_layer_file(
+    root: &Path,
+    blob: &Path,
+    diff_id: &Digest,
+) -> Result<LayerStats, UnpackError> {
+    let file = File::open(blob).map_err(UnpackError::Read)?;
+    apply_layer(root, BufReader::with_capacity(256 * 1024, file), diff_id)
+}
+
+/// As [`apply_layer_file`], from any buffered reader (used by tests and the fuzz target).
+pub fn apply_layer<R: io::Read + 'static>(
+    root: &Path,
+    input: BufReader<R>,
+    diff_id: &Digest,
+) -> Result<LayerStats, UnpackError> {
+    let (compression, reader) = decompress::open(input).map_err(UnpackError::Read)?;
+    let mut hashed = HashingReader::new(reader);
+    let mut stats = LayerStats {
+        compression: Some(compression),
+        ..Default::default()
+    };
+    let mut archive = tar::Archive::new(&mut hashed);
+    let mut layer = Layer {
+        root,
+        written: HashSet::new(),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        chown: unsafe { libc::geteuid() } == 0,
+    };
+    for item in archive.entries().map_err(UnpackError::Read)? {
+        let mut e = item.map_err(UnpackError::Read)?;
+        stats.entries += 1;
+        if layer.apply(&mut e)? {
+            stats.whiteouts += 1;
+        }
+    }
+    drop(archive);
+    let (actual, bytes) = hashed.drain_and_finish().map_err(UnpackError::Read)?;
+    stats.uncompressed_bytes = bytes;
+    if &actual != diff_id {
+        return Err(UnpackError::DiffId {
+            expected: diff_id.to_string(),
+            actual: actual.to_string(),
+        });
+    }
+    Ok(stats)
+}
+
+struct Layer<'a> {
+    root: &'a Path,
+    /// Paths written by this layer, so an opaque marker spares them.
+    written: HashSet<PathBuf>,
+    chown: bool,
+}
+
+impl Layer<'_> {
+    /// Applies one entry; returns true for a whiteout.
+    fn apply<R: io::Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<bool, UnpackError> {
+        let name = e.path().map_err(UnpackError::Read)?.into_owned();
+        let mut comps = resolve::split(&name)?;
+        let Some(last) = comps.pop() else {
+            return Ok(false); // the root itself ("./"): keep our root's own metadata
+        };
+        let parent = resolve::resolve_dir(self.root, &comps, true)?;
+        let last_str = last.to_string_lossy();
+        if last_str == OPAQUE {
+            entry::clear_opaque(&parent, &self.written).map_err(|source| write_err(&parent, source))?;
+            return Ok(true);
+        }
+        if let Some(hidden) = last_str.strip_prefix(WHITEOUT_PREFIX) {
+            let target = parent.join(hidden);
+            if hidden.is_empty() || hidden == "." || hidden == ".." {
+                return Err(ResolveError::Empty(name.display().to_string()).into());
+            }
+            entry::clear(&target, false).map_err(|source| write_err(&target, source))?;
+            return Ok(true);
+        }
+        let path = parent.join(&last);
+        let h = e.header();
+        let meta = Meta {
+            mode: h.mode().map_err(UnpackError::Read)?,
+            // Empty numeric fields read as 0, as Go's archive/tar (which wrote most layers) does.
+            uid: h.uid().unwrap_or(0),
+            gid: h.gid().unwrap_or(0),
+            mtime: h.mtime().unwrap_or(0),
+            chown: self.chown,
+        };
+        let kind = h.entry_type();
+        let result = match kind {
+            EntryType::Directory => entry::write_dir(&path, &meta),
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                entry::write_file(&path, e, &meta).map(|_| ())
+            }
+            EntryType::Symlink => {
+                let target = link_name(e)?;
+                entry::write_symlink(&path, &target, &meta)
+            }
+            EntryType::Link => return self.hardlink(e, &name, &path).map(|_| false),
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                let dev = (
+                    h.device_major().ok().flatten().unwrap_or(0),
+                    h.device_minor().ok().flatten().unwrap_or(0),
+                );
+                match entry::write_special(&path, kind, dev, &meta) {
+                    // Unprivileged unpack: device nodes cannot be made; skip, as rootless tools do.
+                    Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+                        tracing::debug!(path = %path.display(), "skipping device node (no privilege)");
+                        Ok(())
+                    }
+                    other => other,
+                }
+            }
+            other => {
+                tracing::debug!(?other, name = %name.display(), "skipping unsupported tar entry type");
+                return Ok(false);
+            }
+        };
+        result.map_err(|source| write_err(&path, source))?;
+        self.written.insert(path);
+        Ok(false)
+    }
+
+    fn hardlink<R: io::Read>(
+        &mut self,
+        e: &tar::Entry<'_, R>,
+        name: &Path,
+        path: &Path,
+    ) -> Result<(), UnpackError> {
+        let target = link_name(e)?;
+        let mut comps: Vec<OsString> = resolve::split(&target)?;
+        let err = |source| UnpackError::HardLink {
+            name: name.display().to_string(),
+            target: target.display().to_string(),
+            source,
+        };
+        let last = comps
+            .pop()
+            .ok_or_else(|| err(io::Error::new(io::ErrorKind::InvalidInput, "empty target")))?;
+        let dir = resolve::resolve_dir(self.root, &comps, false)?;
+        entry::write_hardlink(path, &dir.join(last)).map_err(err)?;
+        self.written.insert(path.to_path_buf());
+        Ok(())
+    }
+}
+
+fn link_name<R: io::Read>(e: &tar::Entry<'_, R>) -> Result<PathBuf, UnpackError> {
+    e.link_name()
+        .map_err(UnpackError::Read)?
+        .map(|p| p.into_owned())
+        .ok_or_else(|| UnpackError::Read(io::Error::new(io::ErrorKind::InvalidData, "link without target")))
+}
+
+fn write_err(path: &Path, source: io::Error) -> UnpackError {
+    UnpackError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,133 @@
+//! A small in-process registry (axum on 127.0.0.1:0) serving images from memory, counting
+//! requests and injecting faults.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use super::oci::Image;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    None,
+    /// Layer blobs are served with one byte changed.
+    WrongDigest,
+    /// Layer blobs are served cut in half (consistent Content-Length).
+    Truncated,
+    /// Layer blob requests answer 500 (after manifest and config succeeded).
+    Error500,
+    /// Layer blobs stream half their bytes and then the connection breaks.
+    AbortMidStream,
+}
+
+#[derive(Default)]
+struct Inner {
+    manifests: HashMap<String, Vec<u8>>,
+    blobs: HashMap<String, Vec<u8>>,
+    layers: std::collections::HashSet<String>,
+    fault: Option<Fault>,
+    counts: HashMap<String, usize>,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeRegistry {
+    inner: Arc<Mutex<Inner>>,
+    pub addr: String,
+}
+
+impl FakeRegistry {
+    pub async fn start() -> FakeRegistry {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let reg = FakeRegistry {
+            inner: Arc::default(),
+            addr,
+        };
+        let app = Router::new()
+            .route("/v2/", get(|| async { "{}" }))
+            .route("/v2/{*rest}", get(serve).head(serve))
+            .with_state(reg.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        reg
+    }
+
+    /// Serves `image` as `repo:tag`.
+    pub fn put(&self, repo: &str, tag: &str, image: &Image) {
+        let mut g = self.inner.lock().unwrap();
+        g.manifests.insert(format!("{repo}:{tag}"), image.manifest.clone());
+        g.manifests.insert(format!("{repo}:{}", image.digest()), image.manifest.clone());
+        for (d, b) in &image.blobs {
+            g.blobs.insert(d.clone(), b.clone());
+        }
+        g.layers.extend(image.layer_digests.iter().cloned());
+    }
+
+    pub fn set_fault(&self, f: Fault) {
+        self.inner.lock().unwrap().fault = Some(f);
+    }
+
+    /// GET requests seen for `path_suffix` (e.g. a digest).
+    pub fn gets(&self, path_suffix: &str) -> usize {
+        let g = self.inner.lock().unwrap();
+        g.counts
+            .iter()
+            .filter(|(k, _)| k.starts_with("GET") && k.ends_with(path_suffix))
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+async fn serve(State(reg): State<FakeRegistry>, method: Method, Path(rest): Path<String>) -> Response {
+    let mut g = reg.inner.lock().unwrap();
+    *g.counts.entry(format!("{method} {rest}")).or_default() += 1;
+    if let Some((repo, reference)) = rest.split_once("/manifests/") {
+        return match g.manifests.get(&format!("{repo}:{reference}")) {
+            Some(m) => (
+                [
+                    (header::CONTENT_TYPE, "application/vnd.oci.image.manifest.v1+json".to_string()),
+                    (header::HeaderName::from_static("docker-content-digest"), super::oci::sha(m)),
+                ],
+                if method == Method::HEAD { Vec::new() } else { m.clone() },
+            )
+                .into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        };
+    }
+    let Some((_, digest)) = rest.split_once("/blobs/") else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Some(mut blob) = g.blobs.get(digest).cloned() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let fault = if g.layers.contains(digest) { g.fault.clone().unwrap_or(Fault::None) } else { Fault::None };
+    drop(g);
+    match fault {
+        Fault::None => blob.into_response(),
+        Fault::WrongDigest => {
+            let mid = blob.len() / 2;
+            blob[mid] ^= 0xff;
+            blob.into_response()
+        }
+        Fault::Truncated => {
+            blob.truncate(blob.len() / 2);
+            blob.into_response()
+        }
+        Fault::Error500 => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        Fault::AbortMidStream => {
+            let len = blob.len();
+            let half = blob[..len / 2].to_vec();
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                vec![Ok(half), Err(std::io::Error::other("connection dropped"))];
+            let body = Body::from_stream(futures::stream::iter(chunks));
+            ([(header::CONTENT_LENGTH, len.to_string())], body).into_response()
+        }
+    }
+}

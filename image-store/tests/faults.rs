@@ -1,0 +1,122 @@
+//! Fault injection against an in-process registry: every fault gives S102 (or a clear
+//! refusal), leaves the cache consistent, and a later good pull succeeds.
+
+mod common;
+
+use common::fake_registry::{Fault, FakeRegistry};
+use common::oci::{good_image, image, Tar};
+use common::{assert_cache_consistent, list, settings};
+use image_store::{ImageError, ImageStore};
+
+async fn setup(repo: &str) -> (FakeRegistry, tempfile::TempDir, ImageStore) {
+    let reg = FakeRegistry::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let store = ImageStore::new(settings(cache.path(), &reg.addr, &[("img", &format!("{repo}:1"))])).unwrap();
+    (reg, cache, store)
+}
+
+fn expect_s102(res: Result<image_store::PreparedImage, ImageError>, want_in_message: &str) -> String {
+    let err = res.expect_err("pull should fail");
+    assert_eq!(err.code(), "S102", "{err}");
+    assert!(err.retryable());
+    let msg = format!("{err} / {:?}", std::error::Error::source(&err).map(|s| s.to_string()));
+    assert!(msg.contains("t/img:1"), "message names the reference: {msg}");
+    assert!(msg.to_lowercase().contains(want_in_message), "message {msg:?} lacks {want_in_message:?}");
+    msg
+}
+
+async fn transport_fault(fault: Fault, want: &str) {
+    let (reg, cache, store) = setup("t/img").await;
+    let img = good_image("v1");
+    reg.put("t/img", "1", &img);
+    reg.set_fault(fault);
+    expect_s102(store.ensure("img").await, want);
+    assert_cache_consistent(cache.path());
+    let blobs = list(&cache.path().join("images/blobs/sha256"));
+    for layer in &img.layer_digests {
+        assert!(!blobs.contains(&layer[7..].to_string()), "bad layer kept in the cache");
+    }
+    assert!(!store.catalog().iter().any(|e| e.name == "img" && e.installed));
+    reg.set_fault(Fault::None);
+    let p = store.ensure("img").await.expect("good pull after the fault");
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v1");
+    assert_cache_consistent(cache.path());
+}
+
+#[tokio::test]
+async fn wrong_digest_is_s102() {
+    transport_fault(Fault::WrongDigest, "digest").await;
+}
+
+#[tokio::test]
+async fn truncated_layer_is_s102() {
+    transport_fault(Fault::Truncated, "expected").await;
+}
+
+#[tokio::test]
+async fn error_500_mid_pull_is_s102() {
+    transport_fault(Fault::Error500, "500").await;
+}
+
+#[tokio::test]
+async fn connection_dropped_mid_blob_is_s102() {
+    transport_fault(Fault::AbortMidStream, "t/img:1").await;
+}
+
+/// A content fault: the image itself is bad. After it, a good image under the same tag pulls.
+async fn content_fault(bad: common::oci::Image, want: &str) -> tempfile::TempDir {
+    let (reg, cache, store) = setup("t/img").await;
+    reg.put("t/img", "1", &bad);
+    expect_s102(store.ensure("img").await, want);
+    assert_cache_consistent(cache.path());
+    reg.put("t/img", "1", &good_image("v2"));
+    let p = store.ensure("img").await.expect("good pull after the bad image");
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v2");
+    assert_cache_consistent(cache.path());
+    cache
+}
+
+#[tokio::test]
+async fn diff_id_mismatch_is_s102() {
+    let layer = Tar::default().file("a", b"a").finish();
+    let bad = image(&[layer], Some(vec![common::oci::sha(b"not the layer")]));
+    content_fault(bad, "diff_id").await;
+}
+
+#[tokio::test]
+async fn dotdot_entry_is_refused() {
+    let bad = image(&[Tar::default().file("../../escaped", b"x").finish()], None);
+    let cache = content_fault(bad, "..").await;
+    assert!(!cache.path().join("images/escaped").exists());
+    assert!(!cache.path().join("escaped").exists());
+}
+
+#[tokio::test]
+async fn hardlink_out_of_root_is_refused() {
+    let bad = image(&[Tar::default().hardlink("etc/passwd-copy", "../../../../etc/passwd").finish()], None);
+    content_fault(bad, "..").await;
+}
+
+/// A symlink pointing outside and a file written through it: the write lands inside the
+/// root (the symlink is resolved as in a chroot), never outside.
+#[tokio::test]
+async fn symlink_escape_stays_inside_root() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().to_str().unwrap().to_string();
+    let reg = FakeRegistry::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let store = ImageStore::new(settings(cache.path(), &reg.addr, &[("img", "t/img:1")])).unwrap();
+    let evil = image(
+        &[
+            Tar::default().symlink("escape", &target).symlink("up", "../../../../..").finish(),
+            Tar::default().file("escape/pwned", b"x").file(&format!("up{target}/pwned2"), b"y").finish(),
+        ],
+        None,
+    );
+    reg.put("t/img", "1", &evil);
+    let p = store.ensure("img").await.expect("contained symlinks are legitimate");
+    assert!(list(outside.path()).is_empty(), "something was written outside the root");
+    let inside = p.rootfs.join(target.trim_start_matches('/'));
+    assert!(inside.join("pwned").is_file() && inside.join("pwned2").is_file());
+    assert_cache_consistent(cache.path());
+}
