@@ -61,7 +61,8 @@ pub struct Client {
 impl Client {
     /// Connects and waits for the engine's `workerregistered`.
     pub async fn connect(url: &str) -> Result<Client, ConnectError> {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
+        // Nagle off: small frames go out at once, as the SDK does with this engine.
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
         let (mut sink, mut stream) = ws.split();
         let greeting = loop {
             match stream.next().await {
@@ -172,6 +173,40 @@ impl Client {
                     CLIENT_TIMEOUT,
                     format!("no answer from {function_id} within {timeout:?}"),
                 ))
+            }
+        }
+    }
+
+    /// Polls `engine::functions::info` until `function_id` is registered (in `namespace`, or
+    /// anywhere when `None`); registration is asynchronous, so tests wait with this.
+    pub async fn wait_for_function(
+        &self,
+        function_id: &str,
+        namespace: Option<&str>,
+        timeout: Duration,
+    ) -> Result<(), RemoteError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut query = json!({ "function_id": function_id });
+        if let Some(namespace) = namespace {
+            query["namespace"] = json!(namespace);
+        }
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self
+                .invoke("engine::functions::info", query.clone(), left)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.code == CLIENT_DISCONNECTED || e.code == CLIENT_TIMEOUT => {
+                    return Err(e)
+                }
+                Err(_) if left.is_zero() => {
+                    return Err(RemoteError::new(
+                        CLIENT_TIMEOUT,
+                        format!("{function_id} was not registered within {timeout:?}"),
+                    ))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
