@@ -226,3 +226,31 @@ async fn five_execs_run_at_once() {
         assert_eq!(text(&out.stdout), format!("ok{i}\n"));
     }
 }
+
+/// Peak resident memory of a process, from /proc (kB).
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM line")
+}
+
+#[tokio::test]
+async fn agent_memory_stays_bounded_whatever_the_program_prints() {
+    let agent = start_agent().await;
+    let pid = agent.child.id().expect("running");
+    let before = peak_rss_kb(pid);
+    let mut s = sh("head -c 1073741824 /dev/zero; head -c 1073741824 /dev/zero >&2");
+    s.timeout_ms = 120_000;
+    let out = run(&agent, s).await;
+    assert_eq!(out.exit_code, 0);
+    assert_eq!((out.stdout.len(), out.stderr.len()), (MIB, MIB));
+    let after = peak_rss_kb(pid);
+    // 2 GiB went through; the agent's peak may grow by buffers, not by the output.
+    assert!(
+        after < before + 64 * 1024,
+        "agent peak RSS grew from {before} kB to {after} kB"
+    );
+}
