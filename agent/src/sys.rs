@@ -162,3 +162,11 @@ pub fn vsock_connect(port: u32) -> io::Result<OwnedFd> {
     }
     Ok(owned)
 }
+
+/// Asks for a larger pipe buffer (fewer wake-ups when a program prints a lot).
+/// Best effort: the kernel may refuse above `/proc/sys/fs/pipe-max-size`.
+pub fn grow_pipe(fd: RawFd, bytes: usize) {
+    let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: F_SETPIPE_SZ takes an int and has no memory effects; a bad fd only errors.
+    unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size) };
+}

@@ -16,6 +16,11 @@ use crate::sys;
 /// outside the group (e.g. one that called setsid) still holds.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 
+/// Pipe buffer asked of the kernel, and bytes read per wake-up (a frame each, well
+/// under `MAX_PAYLOAD`).
+const PIPE_SIZE: usize = 1024 * 1024;
+const READ_SIZE: usize = 4 * CHUNK_SIZE;
+
 /// How the pump ended.
 pub struct Drained {
     pub status: Option<libc::c_int>,
@@ -90,7 +95,16 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Dr
         tally: StreamTally::default(),
         stdout: false,
     };
-    let mut buf = vec![0u8; CHUNK_SIZE];
+    for fd in [
+        out.pipe.as_ref().map(|p| p.as_raw_fd()),
+        err.pipe.as_ref().map(|p| p.as_raw_fd()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        sys::grow_pipe(fd, PIPE_SIZE);
+    }
+    let mut buf = vec![0u8; READ_SIZE];
     let mut status = None;
     let (mut timed_out, mut killed) = (false, false);
     let mut give_up_at: Option<Instant> = None;
