@@ -1,0 +1,134 @@
+#!/bin/bash
+# The VM lab: runs a command on this host's own filesystem inside a QEMU guest that has a
+# working /dev/kvm, so libkrun microVMs can boot even where the host's KVM cannot run them
+# (PVM). Pure software emulation (TCG) with an emulated AMD SVM CPU; Debian's kernel loads
+# kvm_amd there.
+#
+#   tests/vm-lab/lab.sh [--] CMD [ARG...]
+#
+# The guest shares the host's / read-only over 9p and chroots into it (with /dev, /proc,
+# /sys and a tmpfs /tmp), so host-built binaries run unchanged. $LAB_SCRATCH inside CMD is
+# a directory written back to the host (LAB_SCRATCH_DIR on the host; a temporary one by
+# default). Output is streamed; the exit status is CMD's.
+#
+# Environment: LAB_TIMEOUT (s, whole run, default 900), LAB_MEM (MiB, 2048), LAB_SMP (2),
+# LAB_SCRATCH_DIR, LAB_ENV (names of extra variables passed to CMD), LAB_VERBOSE=1 (kernel
+# log). Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
+# Needs: tests/vm-lab/install.sh. Exit codes besides CMD's: 97 bad usage or missing tool,
+# 98 the guest stopped before CMD finished (timeout or crash), 99 no /dev/kvm in the guest.
+set -euo pipefail
+
+[ "${1:-}" = "--" ] && shift
+if [ $# -eq 0 ]; then sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 97; fi
+for tool in qemu-system-x86_64 busybox cpio depmod modprobe apt-get dpkg-deb timeout; do
+  command -v "$tool" >/dev/null || { echo "lab.sh: $tool missing: run tests/vm-lab/install.sh" >&2; exit 97; }
+done
+
+LAB_TIMEOUT=${LAB_TIMEOUT:-900}; LAB_MEM=${LAB_MEM:-2048}; LAB_SMP=${LAB_SMP:-2}
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab
+t0=$(date +%s.%N)
+log() { printf '[vm-lab +%.1fs] %s\n' "$(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo 0)" "$*" >&2; }
+mkdir -p "$CACHE"
+
+# --- 1. kernel: Debian's current linux-image-*-amd64, extracted, never installed ----------
+KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+if [ -z "$KPKG" ]; then
+  # No apt lists (or offline): fall back to whatever kernel is cached.
+  KPKG=$(ls "$CACHE" | sed -n 's/^kernel-\(linux-image-.*\)$/\1/p' | tail -1)
+  [ -n "$KPKG" ] || { echo "lab.sh: cannot resolve linux-image-amd64: run apt-get update" >&2; exit 97; }
+fi
+KDIR=$CACHE/kernel-$KPKG
+if [ ! -d "$KDIR/boot" ]; then
+  log "downloading $KPKG (one-off)"
+  dl=$(mktemp -d); trap 'rm -rf "$dl"' EXIT
+  (cd "$dl" && apt-get download "$KPKG" >/dev/null 2>&1) \
+    || { echo "lab.sh: apt-get download $KPKG failed" >&2; exit 97; }
+  rm -rf "$KDIR.tmp" && dpkg-deb -x "$dl"/"$KPKG"_*.deb "$KDIR.tmp"
+  KV=$(ls "$KDIR.tmp/lib/modules" | head -1)
+  depmod -b "$KDIR.tmp" "$KV"
+  mv "$KDIR.tmp" "$KDIR"; rm -rf "$dl"; trap - EXIT
+fi
+KVER=$(ls "$KDIR/lib/modules" | head -1)
+
+# --- 2. initramfs: static busybox, the module closure, our init ---------------------------
+MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock"
+read -r -d '' GUEST_INIT <<'INIT' || true
+#!/bin/sh
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+# The initramfs has no /dev/console, so the kernel could not give us stdio: take it now.
+exec </dev/console >/dev/console 2>&1
+for m in __MODULES__; do modprobe "$m" || echo "vm-lab guest: modprobe $m failed"; done
+ip link set lo up
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /scratch
+R=/mnt/root
+mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose hostroot $R
+mount --rbind /dev $R/dev; mount -t proc proc $R/proc; mount -t sysfs sys $R/sys
+mount -t tmpfs tmpfs $R/tmp; mkdir -p $R/tmp/vm-lab $R/dev/shm $R/dev/pts
+mount --bind /scratch $R/tmp/vm-lab; mount -t tmpfs tmpfs $R/dev/shm
+mount -t devpts devpts $R/dev/pts 2>/dev/null
+if [ -c /dev/kvm ]; then
+  read -r T < /scratch/timeout
+  timeout "$T" chroot $R /bin/bash /tmp/vm-lab/cmd.sh; echo $? > /scratch/rc
+else
+  echo "vm-lab guest: /dev/kvm missing (kvm_amd did not load)"; echo 99 > /scratch/rc
+fi
+sync; poweroff -f
+INIT
+GUEST_INIT=${GUEST_INIT//__MODULES__/$MODULES}
+key=$( { echo "$KPKG $MODULES"; echo "$GUEST_INIT"; sha256sum < "$(command -v busybox)"; } | sha256sum | cut -c1-16)
+INITRD=$CACHE/initrd-$key.img
+if [ ! -f "$INITRD" ]; then
+  log "building initramfs for $KVER (one-off)"
+  IR=$(mktemp -d); trap 'rm -rf "$IR"' EXIT
+  mkdir -p "$IR"/{bin,proc,sys,dev,tmp,scratch,mnt/root,lib/modules/"$KVER"}
+  cp "$(command -v busybox)" "$IR"/bin/busybox
+  for a in $("$IR"/bin/busybox --list); do [ -e "$IR/bin/$a" ] || ln -s busybox "$IR/bin/$a"; done
+  for m in $MODULES; do modprobe -d "$KDIR" -S "$KVER" --show-depends "$m"; done \
+    | awk '$1 == "insmod" {print $2}' | sort -u | while read -r f; do
+      rel=${f#*/lib/modules/$KVER/}
+      mkdir -p "$IR/lib/modules/$KVER/$(dirname "$rel")"; cp "$f" "$IR/lib/modules/$KVER/$rel"
+    done
+  cp "$KDIR/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$IR/lib/modules/$KVER/"
+  depmod -b "$IR" "$KVER"
+  printf '%s\n' "$GUEST_INIT" > "$IR/init"; chmod +x "$IR/init"
+  (cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$INITRD.tmp"
+  mv "$INITRD.tmp" "$INITRD"; rm -rf "$IR"; trap - EXIT
+fi
+
+# --- 3. the command, written where the guest finds it -------------------------------------
+if [ -n "${LAB_SCRATCH_DIR:-}" ]; then SCRATCH=$LAB_SCRATCH_DIR; mkdir -p "$SCRATCH"; KEEP=1
+else SCRATCH=$(mktemp -d); KEEP=; fi
+cleanup() { [ -n "$KEEP" ] || rm -rf "$SCRATCH"; }
+trap cleanup EXIT
+rm -f "$SCRATCH/rc"
+{
+  echo "cd $(printf '%q' "$PWD") 2>/dev/null || cd /"
+  for name in PATH HOME USER LANG RUST_BACKTRACE RUST_LOG CARGO_TARGET_DIR ${LAB_ENV:-}; do
+    [ -n "${!name+x}" ] && echo "export $name=$(printf '%q' "${!name}")"
+  done
+  echo "export LAB_SCRATCH=/tmp/vm-lab TMPDIR=/tmp"
+  printf 'exec'; printf ' %q' "$@"; echo
+} > "$SCRATCH/cmd.sh"
+echo $(( LAB_TIMEOUT > 60 ? LAB_TIMEOUT - 20 : LAB_TIMEOUT )) > "$SCRATCH/timeout"
+
+# --- 4. boot ---------------------------------------------------------------------------------
+APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1}"
+log "booting $KVER under TCG (-cpu max, smp $LAB_SMP, ${LAB_MEM} MiB)"
+set +e
+timeout -k 10 "$LAB_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
+  -smp "$LAB_SMP" -m "$LAB_MEM" -nographic -nodefaults -no-reboot -serial stdio \
+  -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot \
+  -virtfs local,path="$SCRATCH",mount_tag=scratch,security_model=none,id=scratch \
+  </dev/null 2>&1 | sed -u -e 's/\r$//' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' \
+  -e '/^SeaBIOS (version/d' -e 's/^Booting from ROM\.\.//' \
+  | grep --line-buffered -v -E 'Unhandled WRMSR|reboot: Power down'
+qemu_rc=${PIPESTATUS[0]}
+set -e
+if [ -f "$SCRATCH/rc" ]; then rc=$(cat "$SCRATCH/rc"); else
+  echo "lab.sh: the guest stopped before the command finished (qemu exit $qemu_rc; 124 = LAB_TIMEOUT reached)" >&2
+  rc=98
+fi
+log "done, exit status $rc"
+exit "$rc"

@@ -1,0 +1,257 @@
+//! Boots real microVMs through `sandbox-libkrun-vm` with a busybox root.
+//!
+//! Where this host cannot boot them (no KVM, PVM-only KVM, no libkrunfw) the boot checks
+//! do not run and say so on stderr, and `unfit_host_is_refused_with_its_reason` checks the
+//! runner's fast refusal instead. `tests/vm-lab/run-tests.sh` runs this same binary inside
+//! the VM lab, where KVM works.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{busybox_root, run, spec, static_busybox};
+use tempfile::TempDir;
+
+/// Says loudly (past the test harness's capture) that a test did not run its checks.
+fn not_run(test: &str, why: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "NOT RUN here: vm-runner boot check `{test}`: {why}"
+    );
+}
+
+/// A temp dir and a busybox guest root in it, or `None` when no VM can boot here.
+fn guest(test: &str) -> Option<(TempDir, PathBuf)> {
+    if let Err(reason) = vm_runner::host_can_boot() {
+        not_run(
+            test,
+            &format!("{reason} (tests/vm-lab/run-tests.sh runs it in the VM lab)"),
+        );
+        return None;
+    }
+    let busybox = static_busybox().expect("KVM works but no busybox: run tests/vm-lab/install.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let root = busybox_root(dir.path(), &busybox);
+    Some((dir, root))
+}
+
+#[test]
+fn bad_spec_is_refused_before_any_vm_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_root = dir.path().join("no-such-root");
+    let out = run(dir.path(), &spec(&missing_root, "/bin/true", &[]));
+    assert_eq!(out.code, Some(vm_runner::exit::BAD_SPEC));
+    assert!(
+        out.stderr.contains("is not an existing directory"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn unfit_host_is_refused_with_its_reason() {
+    let Err(reason) = vm_runner::host_can_boot() else {
+        not_run(
+            "unfit_host_is_refused_with_its_reason",
+            "this host CAN boot microVMs, so there is no refusal to check",
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &spec(dir.path(), "/bin/true", &[]));
+    assert_eq!(out.code, Some(vm_runner::exit::HOST_UNFIT));
+    assert!(out.stderr.contains(&reason.to_string()), "{}", out.stderr);
+    not_run(
+        "all boot checks",
+        &format!("refused in {:.1?} as expected: {reason}", out.elapsed),
+    );
+}
+
+#[test]
+fn echo_reaches_stdout_and_exit_zero_propagates() {
+    let Some((dir, root)) = guest("echo_reaches_stdout_and_exit_zero_propagates") else {
+        return;
+    };
+    let out = run(
+        dir.path(),
+        &spec(&root, "/bin/echo", &["hello from the guest"]),
+    );
+    assert_eq!(out.code, Some(0));
+    assert!(out.lines().contains(&"hello from the guest"), "{out:?}");
+}
+
+#[test]
+fn exit_codes_7_and_42_propagate() {
+    let Some((dir, root)) = guest("exit_codes_7_and_42_propagate") else {
+        return;
+    };
+    for code in [7, 42] {
+        let script = format!("exit {code}");
+        let out = run(dir.path(), &spec(&root, "/bin/sh", &["-c", &script]));
+        assert_eq!(out.code, Some(code), "{out:?}");
+    }
+}
+
+#[test]
+fn quotes_spaces_and_environment_survive() {
+    let Some((dir, root)) = guest("quotes_spaces_and_environment_survive") else {
+        return;
+    };
+    let tricky = [
+        r#"a "b c" d"#,
+        "  two  spaces  ",
+        "it's",
+        r"back\slash",
+        "tab\there",
+    ];
+    let mut argv = vec![
+        "-c",
+        r#"for a in "$@"; do echo "[$a]"; done; echo "<$GREETING>"; pwd"#,
+        "sh",
+    ];
+    argv.extend(tricky);
+    let mut vm = spec(&root, "/bin/sh", &argv);
+    vm["env"] = json!({"GREETING": "hello \"world\"  'x'"});
+    vm["workdir"] = json!("/tmp");
+    let out = run(dir.path(), &vm);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let mut expected: Vec<String> = tricky.iter().map(|a| format!("[{a}]")).collect();
+    expected.push("<hello \"world\"  'x'>".into());
+    expected.push("/tmp".into());
+    let printed: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| l.trim_end_matches('\r').to_owned())
+        .filter(|l| l.starts_with('[') || l.starts_with('<') || l == "/tmp")
+        .collect();
+    assert_eq!(printed, expected);
+}
+
+#[test]
+fn read_only_share_refuses_writes_and_writable_share_reaches_host() {
+    let Some((dir, root)) = guest("read_only_share_refuses_writes_and_writable_share_reaches_host")
+    else {
+        return;
+    };
+    let ro = dir.path().join("ro");
+    let rw = dir.path().join("rw");
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::create_dir_all(&rw).unwrap();
+    std::fs::write(ro.join("given.txt"), "from the host\n").unwrap();
+    let script = "cat /mnt/ro/given.txt; \
+        if echo x > /mnt/ro/new.txt; then echo RO-WRITE-ALLOWED; else echo ro-write-refused; fi; \
+        echo 'written by the guest' > /data/out/result.txt";
+    let mut vm = spec(&root, "/bin/sh", &["-c", script]);
+    vm["shares"] = json!([
+        {"tag": "ro", "host_path": ro, "guest_path": "/mnt/ro", "read_only": true},
+        {"tag": "rw", "host_path": rw, "guest_path": "/data/out"}
+    ]);
+    let out = run(dir.path(), &vm);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines = out.lines();
+    assert!(lines.contains(&"from the host"), "{out:?}");
+    assert!(lines.contains(&"ro-write-refused"), "{out:?}");
+    assert!(!ro.join("new.txt").exists());
+    let written = std::fs::read_to_string(rw.join("result.txt")).unwrap();
+    assert_eq!(written, "written by the guest\n");
+}
+
+#[test]
+fn vsock_round_trip_in_both_directions() {
+    let Some((dir, root)) = guest("vsock_round_trip_in_both_directions") else {
+        return;
+    };
+    let host_sock = dir.path().join("host-listens.sock");
+    let guest_sock = dir.path().join("guest-listens.sock");
+
+    // Host listens: the guest connects to CID 2 port 2001 and gets "pong:" + its line.
+    let listener = UnixListener::bind(&host_sock).unwrap();
+    let host_side = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut line = String::new();
+        BufReader::new(conn.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        conn.write_all(format!("pong:{line}").as_bytes()).unwrap();
+        line
+    });
+    // Guest listens on port 2000: the host connects through the socket libkrun creates,
+    // retrying until the guest's listener is up (earlier connections are dropped).
+    let guest_sock_for_thread = guest_sock.clone();
+    let guest_side = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(170);
+        while Instant::now() < deadline {
+            if let Ok(mut conn) = UnixStream::connect(&guest_sock_for_thread) {
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = conn.write_all(b"ping-from-host\n");
+                let mut reply = String::new();
+                if conn.read_to_string(&mut reply).is_ok() && !reply.is_empty() {
+                    return Some(reply);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    });
+
+    let script = "vsock-helper connect 2001 ping-from-guest && vsock-helper serve 2000";
+    let mut vm = spec(&root, "/bin/sh", &["-c", script]);
+    vm["vsock"] = json!([
+        {"port": 2001, "socket": host_sock, "direction": "host-listens"},
+        {"port": 2000, "socket": guest_sock, "direction": "guest-listens"}
+    ]);
+    let out = run(dir.path(), &vm);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.lines().contains(&"pong:ping-from-guest"), "{out:?}");
+    assert_eq!(host_side.join().unwrap(), "ping-from-guest\n");
+    assert_eq!(
+        guest_side.join().unwrap().as_deref(),
+        Some("echo:ping-from-host\n")
+    );
+}
+
+/// Answers each connection on 127.0.0.1 with one line, for as long as the test runs.
+fn loopback_http() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten().take(8) {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"host-reached\n");
+        }
+    });
+    port
+}
+
+#[test]
+fn network_off_cannot_reach_host_loopback_and_on_can() {
+    let Some((dir, root)) = guest("network_off_cannot_reach_host_loopback_and_on_can") else {
+        return;
+    };
+    let port = loopback_http();
+    let script = format!(
+        // busybox's static wget crashes under TSI; nc is enough to open a TCP connection.
+        "if echo hello | nc -w 5 127.0.0.1 {port}; then echo NET-REACHED; \
+         else echo net-unreachable; fi"
+    );
+    for network in [false, true] {
+        let mut vm = spec(&root, "/bin/sh", &["-c", &script]);
+        vm["network"] = json!(network);
+        let out = run(dir.path(), &vm);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let lines = out.lines();
+        if network {
+            // The control: with TSI on, the same request does reach the host.
+            assert!(lines.contains(&"NET-REACHED"), "{out:?}");
+            assert!(lines.contains(&"host-reached"), "{out:?}");
+        } else {
+            assert!(lines.contains(&"net-unreachable"), "{out:?}");
+        }
+    }
+}

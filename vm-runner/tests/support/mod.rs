@@ -1,0 +1,134 @@
+//! Helpers for the boot tests: a busybox guest root, running the runner with a deadline.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The runner under test; `VM_RUNNER_BIN` overrides it (the lab runs copies of the binaries).
+pub fn runner() -> PathBuf {
+    std::env::var_os("VM_RUNNER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_sandbox-libkrun-vm").into())
+}
+
+/// The static vsock helper built by the crate's build script; `VM_RUNNER_VSOCK_HELPER`
+/// overrides it.
+fn vsock_helper() -> PathBuf {
+    std::env::var_os("VM_RUNNER_VSOCK_HELPER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("OUT_DIR"), "/vsock-helper").into())
+}
+/// A guest that hangs (TCG in the lab is slow, but not this slow) is killed after this.
+const VM_DEADLINE: Duration = Duration::from_secs(180);
+
+/// What one runner process did.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// Console lines, without the blank ones.
+    pub fn lines(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .map(|l| l.trim_end_matches('\r'))
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+}
+
+/// A static busybox, needed to build the guest root.
+pub fn static_busybox() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("busybox"))
+        .find(|p| p.is_file())
+}
+
+/// A minimal guest root: busybox with its applets, the vsock helper, mount points.
+pub fn busybox_root(dir: &Path, busybox: &Path) -> PathBuf {
+    let root = dir.join("root");
+    for sub in ["bin", "dev", "proc", "sys", "tmp", "mnt", "root", "etc"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    std::fs::copy(vsock_helper(), root.join("bin/vsock-helper")).unwrap();
+    let list = Command::new(busybox).arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let link = root.join("bin").join(applet);
+        if !link.exists() {
+            std::os::unix::fs::symlink("busybox", link).unwrap();
+        }
+    }
+    root
+}
+
+/// A spec with the test defaults (1 vCPU, 256 MiB, no network).
+pub fn spec(root: &Path, workload: &str, argv: &[&str]) -> Value {
+    json!({"vcpus": 1, "memory_mib": 256, "root": root, "workload": workload, "argv": argv})
+}
+
+/// Runs the runner on `spec`, killing it after the deadline.
+pub fn run(dir: &Path, spec: &Value) -> Outcome {
+    let spec_path = dir.join(format!("spec-{}.json", uuid()));
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let start = Instant::now();
+    let mut child = Command::new(runner())
+        .arg("--spec")
+        .arg(&spec_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > VM_DEADLINE {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let outcome = Outcome {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
+        elapsed: start.elapsed(),
+    };
+    eprintln!(
+        "runner: exit {:?} after {:.2?}\n--- stdout\n{}--- stderr\n{}---",
+        outcome.code, outcome.elapsed, outcome.stdout, outcome.stderr
+    );
+    outcome
+}
+
+fn uuid() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
