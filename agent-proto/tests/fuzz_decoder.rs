@@ -25,7 +25,9 @@ fn decode_all(bytes: &[u8]) -> usize {
         match Frame::read_from(&mut cursor) {
             Ok(frame) => {
                 assert!(frame.payload.len() <= MAX_PAYLOAD);
-                let _ = Message::from_frame(frame);
+                if let Ok(msg) = Message::from_frame(frame) {
+                    msg.into_frame(1).expect("what decodes encodes again");
+                }
                 decoded += 1;
             }
             Err(FrameError::Closed) | Err(_) => return decoded,

@@ -3,6 +3,8 @@
 //! stream breaks, every call in flight fails at once with `ConnectionLost`.
 
 mod io;
+#[cfg(test)]
+mod tests;
 mod waiters;
 
 use std::sync::atomic::{AtomicU32, Ordering};

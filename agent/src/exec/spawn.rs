@@ -53,7 +53,7 @@ pub fn spawn(
     match result {
         Ok((pid, (stdin, Some(stdout), Some(stderr)))) => Ok(Spawned {
             pid,
-            stdin,
+            stdin: stdin.filter(|_| req.stdin),
             stdout,
             stderr,
         }),
@@ -82,11 +82,9 @@ fn build(req: &ExecRequest) -> Result<Command, SpawnError> {
         .args(args)
         .env_clear()
         .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if req.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        // Always a pipe (never /dev/null, which a bare image may lack); closed at once
+        // when the request has no stdin.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);

@@ -1,0 +1,141 @@
+//! The client against a scripted fake agent over an in-memory pipe: the client's own
+//! guarantees, whatever the agent does.
+
+use tokio::io::{duplex, split, DuplexStream, ReadHalf, WriteHalf};
+
+use super::io::{read_frame, write_frame};
+use super::*;
+use crate::{ExecExit, Frame, Kind};
+
+struct FakeAgent {
+    reader: ReadHalf<DuplexStream>,
+    writer: WriteHalf<DuplexStream>,
+}
+
+impl FakeAgent {
+    async fn send(&mut self, id: u32, msg: Message) {
+        let frame = msg.into_frame(id).expect("encodes");
+        write_frame(&mut self.writer, &frame).await.expect("write");
+    }
+    async fn recv(&mut self) -> Frame {
+        read_frame(&mut self.reader).await.expect("frame")
+    }
+}
+
+async fn pair() -> (AgentClient, FakeAgent) {
+    let (host_end, agent_end) = duplex(4 * 1024 * 1024);
+    let (hr, hw) = split(host_end);
+    let (ar, aw) = split(agent_end);
+    let mut fake = FakeAgent {
+        reader: ar,
+        writer: aw,
+    };
+    fake.send(0, Message::Hello(Hello::new("fake"))).await;
+    let client = AgentClient::connect(hr, hw).await.expect("connects");
+    assert_eq!(fake.recv().await.kind, Kind::Hello);
+    (client, fake)
+}
+
+fn spec(cap: usize) -> ExecSpec {
+    ExecSpec {
+        argv: vec!["x".into()],
+        timeout_ms: 5_000,
+        max_output_bytes: cap,
+        ..ExecSpec::default()
+    }
+}
+
+fn exit() -> ExecExit {
+    ExecExit {
+        exit_code: 0,
+        signal: None,
+        timed_out: false,
+        killed: false,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        stdout_total: 0,
+        stderr_total: 0,
+        duration_ms: 1,
+    }
+}
+
+#[test]
+fn client_is_clone_send_sync() {
+    fn check<T: Clone + Send + Sync + 'static>() {}
+    check::<AgentClient>();
+}
+
+#[tokio::test]
+async fn the_client_caps_output_even_if_the_agent_does_not() {
+    let (client, mut fake) = pair().await;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(spec(10)).await }
+    });
+    let start = fake.recv().await;
+    assert_eq!(start.kind, Kind::ExecStart);
+    fake.send(start.id, Message::Stdout(vec![b'a'; 8])).await;
+    fake.send(start.id, Message::Stdout(vec![b'b'; 8])).await;
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    let out = call.await.expect("task").expect("outcome");
+    assert_eq!(out.stdout, b"aaaaaaaabb");
+    assert!(out.stdout_truncated);
+}
+
+#[tokio::test]
+async fn a_malformed_message_fails_pending_calls_and_closes() {
+    let (client, mut fake) = pair().await;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(spec(10)).await }
+    });
+    let start = fake.recv().await;
+    let garbage = Frame::new(start.id, Kind::ExecExit, b"{oops".to_vec());
+    write_frame(&mut fake.writer, &garbage)
+        .await
+        .expect("write");
+    let result = call.await.expect("task");
+    assert!(
+        matches!(result, Err(AgentError::ConnectionLost(_))),
+        "{result:?}"
+    );
+    assert!(client.is_closed());
+}
+
+#[tokio::test]
+async fn a_version_mismatch_is_refused_at_connect() {
+    let (host_end, agent_end) = duplex(64 * 1024);
+    let (hr, hw) = split(host_end);
+    let (_ar, mut aw) = split(agent_end);
+    let mut hello = Hello::new("old agent");
+    hello.version = PROTOCOL_VERSION + 1;
+    let frame = Message::Hello(hello).into_frame(0).expect("encodes");
+    write_frame(&mut aw, &frame).await.expect("write");
+    match AgentClient::connect(hr, hw).await {
+        Err(AgentError::VersionMismatch { ours, theirs }) => {
+            assert_eq!((ours, theirs), (PROTOCOL_VERSION, PROTOCOL_VERSION + 1))
+        }
+        Err(e) => panic!("expected a version mismatch, got {e}"),
+        Ok(_) => panic!("expected a version mismatch, got a client"),
+    }
+}
+
+#[tokio::test]
+async fn an_agent_that_never_answers_is_reported_and_killed() {
+    let (client, mut fake) = pair().await;
+    let mut s = spec(10);
+    s.timeout_ms = 1; // the client waits this plus EXEC_GRACE
+    tokio::time::pause();
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(s).await }
+    });
+    let start = fake.recv().await;
+    let result = call.await.expect("task");
+    assert!(
+        matches!(result, Err(AgentError::Unresponsive { .. })),
+        "{result:?}"
+    );
+    let kill = fake.recv().await;
+    assert_eq!((kill.kind, kill.id), (Kind::ExecKill, start.id));
+}
