@@ -64,10 +64,11 @@ impl Credentials {
                 })
             }
         };
-        let cfg: DockerConfig = serde_json::from_slice(&text).map_err(|source| AuthFileError::Parse {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let cfg: DockerConfig =
+            serde_json::from_slice(&text).map_err(|source| AuthFileError::Parse {
+                path: path.display().to_string(),
+                source,
+            })?;
         let mut by_host = BTreeMap::new();
         for (key, entry) in cfg.auths {
             if let Some(pair) = entry.pair() {
@@ -114,7 +115,9 @@ fn normalise_host(key: &str) -> String {
         .unwrap_or(key);
     let host = no_scheme.split('/').next().unwrap_or(no_scheme);
     match host {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".into(),
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
+            "docker.io".into()
+        }
         other => other.to_string(),
     }
 }
@@ -138,8 +141,14 @@ mod tests {
         )
         .unwrap();
         let c = Credentials::load(Some(&path)).unwrap();
-        assert_eq!(c.for_host("docker.io"), RegistryAuth::Basic("alice".into(), "s3cret".into()));
-        assert_eq!(c.for_host("127.0.0.1:5000"), RegistryAuth::Basic("bob".into(), "pw".into()));
+        assert_eq!(
+            c.for_host("docker.io"),
+            RegistryAuth::Basic("alice".into(), "s3cret".into())
+        );
+        assert_eq!(
+            c.for_host("127.0.0.1:5000"),
+            RegistryAuth::Basic("bob".into(), "pw".into())
+        );
         assert_eq!(c.for_host("broken.example"), RegistryAuth::Anonymous);
         assert_eq!(c.for_host("other:1"), RegistryAuth::Anonymous);
         assert!(Credentials::load(Some(&dir.path().join("missing.json"))).is_ok());

@@ -114,7 +114,9 @@ impl Cache {
     }
 
     fn ref_path(&self, oci_ref: &str) -> PathBuf {
-        self.base.join("refs").join(Digest::of(oci_ref.as_bytes()).hex())
+        self.base
+            .join("refs")
+            .join(Digest::of(oci_ref.as_bytes()).hex())
     }
 
     pub fn ref_digest(&self, oci_ref: &str) -> Option<Digest> {
@@ -156,7 +158,10 @@ mod tests {
             config: Default::default(),
         };
         fs::write(tmp.join("image.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
-        assert!(c.read_root(&d).is_none(), "a temporary root must not be trusted");
+        assert!(
+            c.read_root(&d).is_none(),
+            "a temporary root must not be trusted"
+        );
         let stale = c.new_tmp_root(&d);
         fs::create_dir_all(&stale).unwrap();
         fs::rename(&tmp, c.root_dir(&d)).unwrap();

@@ -62,10 +62,16 @@ mod tests {
     fn presets_first_then_custom_sorted_and_serialised_as_spec() {
         let mut s = ImageSettings::with_defaults();
         s.image_allowlist = vec!["python".into(), "zeta".into()];
-        s.custom_images.insert("zeta".into(), "example.org/z:1".into());
-        s.custom_images.insert("alpha".into(), "example.org/a:1".into());
-        s.custom_images.insert("node".into(), "example.org/evil:1".into());
-        let names: Vec<_> = known_images(&s).into_iter().map(|k| (k.name, k.allowed)).collect();
+        s.custom_images
+            .insert("zeta".into(), "example.org/z:1".into());
+        s.custom_images
+            .insert("alpha".into(), "example.org/a:1".into());
+        s.custom_images
+            .insert("node".into(), "example.org/evil:1".into());
+        let names: Vec<_> = known_images(&s)
+            .into_iter()
+            .map(|k| (k.name, k.allowed))
+            .collect();
         assert_eq!(
             names,
             vec![

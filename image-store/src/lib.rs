@@ -36,7 +36,7 @@ pub use catalog::{CatalogEntry, ImageKind};
 pub use digest::Digest;
 pub use error::ImageError;
 pub use manifest::ImageRuntimeConfig;
-pub use settings::{default_cache_dir, default_docker_config, ImageSettings, PRESETS};
 pub use progress::{NoProgress, PullProgress, TracingProgress};
 pub use pull::PullError;
+pub use settings::{default_cache_dir, default_docker_config, ImageSettings, PRESETS};
 pub use store::{ImageStore, PreparedImage};

@@ -87,7 +87,8 @@ pub enum Parsed {
 pub fn parse(body: &[u8]) -> Result<Parsed, ManifestError> {
     let any: AnyManifest = serde_json::from_slice(body)?;
     let mt = any.media_type.clone().unwrap_or_default();
-    let is_index = mt == OCI_INDEX || mt == DOCKER_LIST || (mt.is_empty() && any.manifests.is_some());
+    let is_index =
+        mt == OCI_INDEX || mt == DOCKER_LIST || (mt.is_empty() && any.manifests.is_some());
     if is_index {
         return Ok(Parsed::Index(any.manifests.unwrap_or_default()));
     }
@@ -97,7 +98,10 @@ pub fn parse(body: &[u8]) -> Result<Parsed, ManifestError> {
     let (Some(config), Some(layers)) = (any.config, any.layers) else {
         return Err(ManifestError::Incomplete);
     };
-    if let Some(bad) = layers.iter().find(|l| !LAYER_TYPES.contains(&l.media_type.as_str())) {
+    if let Some(bad) = layers
+        .iter()
+        .find(|l| !LAYER_TYPES.contains(&l.media_type.as_str()))
+    {
         return Err(ManifestError::LayerType(bad.media_type.clone()));
     }
     Ok(Parsed::Image(ImageManifest { config, layers }))
@@ -120,7 +124,9 @@ pub fn select_platform(entries: &[Descriptor], arch: &str) -> Result<Descriptor,
     let candidates: Vec<&Descriptor> = entries
         .iter()
         .filter(|d| {
-            d.annotations.get("vnd.docker.reference.type").map(String::as_str)
+            d.annotations
+                .get("vnd.docker.reference.type")
+                .map(String::as_str)
                 != Some("attestation-manifest")
         })
         .filter(|d| {
@@ -214,7 +220,10 @@ mod tests {
     fn entry(os: &str, arch: &str, variant: Option<&str>, attest: bool) -> Descriptor {
         let mut annotations = BTreeMap::new();
         if attest {
-            annotations.insert("vnd.docker.reference.type".into(), "attestation-manifest".into());
+            annotations.insert(
+                "vnd.docker.reference.type".into(),
+                "attestation-manifest".into(),
+            );
         }
         Descriptor {
             media_type: OCI_MANIFEST.into(),
@@ -238,10 +247,21 @@ mod tests {
             entry("linux", "arm64", Some("v8"), false),
             entry("linux", "amd64", None, false),
         ];
-        assert_eq!(select_platform(&entries, "amd64").unwrap().digest, entries[4].digest);
-        assert_eq!(select_platform(&entries, "arm64").unwrap().digest, entries[3].digest);
-        let err = select_platform(&entries, "riscv64").unwrap_err().to_string();
-        assert!(err.contains("linux/riscv64") && err.contains("linux/amd64"), "{err}");
+        assert_eq!(
+            select_platform(&entries, "amd64").unwrap().digest,
+            entries[4].digest
+        );
+        assert_eq!(
+            select_platform(&entries, "arm64").unwrap().digest,
+            entries[3].digest
+        );
+        let err = select_platform(&entries, "riscv64")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("linux/riscv64") && err.contains("linux/amd64"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -251,7 +271,10 @@ mod tests {
             "layers":[{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","digest":"sha256:bb","size":2}]}"#;
         assert!(matches!(parse(good).unwrap(), Parsed::Image(m) if m.layers.len() == 1));
         let bad = String::from_utf8_lossy(good).replace("rootfs.diff.tar.gzip", "helm.chart");
-        assert!(matches!(parse(bad.as_bytes()), Err(ManifestError::LayerType(_))));
+        assert!(matches!(
+            parse(bad.as_bytes()),
+            Err(ManifestError::LayerType(_))
+        ));
     }
 
     #[test]

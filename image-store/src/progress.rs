@@ -43,7 +43,13 @@ impl PullProgress for TracingProgress {
     fn started(&self, reference: &str, layers: usize, total: u64, cached: u64) {
         self.total.store(total, Ordering::Relaxed);
         self.done.store(cached, Ordering::Relaxed);
-        tracing::info!(reference, layers, total_bytes = total, cached_bytes = cached, "pulling image");
+        tracing::info!(
+            reference,
+            layers,
+            total_bytes = total,
+            cached_bytes = cached,
+            "pulling image"
+        );
     }
     fn downloaded(&self, bytes: u64) {
         let done = self.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
@@ -53,7 +59,11 @@ impl PullProgress for TracingProgress {
         if last.elapsed() >= Duration::from_secs(2) {
             *last = Instant::now();
             let total = self.total.load(Ordering::Relaxed);
-            tracing::info!(downloaded_bytes = done, total_bytes = total, "pull progress");
+            tracing::info!(
+                downloaded_bytes = done,
+                total_bytes = total,
+                "pull progress"
+            );
         }
     }
     fn unpacking(&self, index: usize, layers: usize) {

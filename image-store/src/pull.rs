@@ -116,7 +116,9 @@ impl Registry {
         self.credentials.for_host(r.registry())
     }
 
-    fn registry_err(r: &Reference) -> impl FnOnce(oci_client::errors::OciDistributionError) -> PullError + '_ {
+    fn registry_err(
+        r: &Reference,
+    ) -> impl FnOnce(oci_client::errors::OciDistributionError) -> PullError + '_ {
         move |source| PullError::Registry {
             registry: r.registry().to_string(),
             source,
@@ -155,7 +157,9 @@ impl Registry {
                 let (body, digest) = self.manifest_raw(&child).await?;
                 match manifest::parse(&body)? {
                     Parsed::Image(m) => (m, digest),
-                    Parsed::Index(_) => return Err(ManifestError::MediaType("nested index".into()).into()),
+                    Parsed::Index(_) => {
+                        return Err(ManifestError::MediaType("nested index".into()).into())
+                    }
                 }
             }
         };

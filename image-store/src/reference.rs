@@ -18,7 +18,9 @@ pub fn effective(
     let is_hub = DOCKER_HUB.contains(&registry);
     let mirror = mirrors
         .iter()
-        .find(|(from, _)| from.as_str() == registry || (is_hub && DOCKER_HUB.contains(&from.as_str())))
+        .find(|(from, _)| {
+            from.as_str() == registry || (is_hub && DOCKER_HUB.contains(&from.as_str()))
+        })
         .map(|(_, to)| to.clone());
     let Some(mirror) = mirror else {
         return Ok(parsed);

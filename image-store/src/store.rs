@@ -164,7 +164,13 @@ impl ImageStore {
         Some(self.remember(oci_ref, name, &digest, rec))
     }
 
-    fn remember(&self, oci_ref: &str, name: &str, digest: &Digest, rec: RootRecord) -> PreparedImage {
+    fn remember(
+        &self,
+        oci_ref: &str,
+        name: &str,
+        digest: &Digest,
+        rec: RootRecord,
+    ) -> PreparedImage {
         let p = PreparedImage {
             name: name.to_string(),
             oci_ref: oci_ref.to_string(),
@@ -203,7 +209,9 @@ impl ImageStore {
         let started = std::time::Instant::now();
         let result = self.pull_locked(oci_ref, name, progress).await;
         match &result {
-            Ok(p) => tracing::info!(oci_ref, digest = %p.manifest_digest, ms = started.elapsed().as_millis() as u64, "image pulled"),
+            Ok(p) => {
+                tracing::info!(oci_ref, digest = %p.manifest_digest, ms = started.elapsed().as_millis() as u64, "image pulled")
+            }
             Err(err) => tracing::warn!(oci_ref, %err, "image pull failed"),
         }
         result.map_err(|source| ImageError::Pull {
@@ -222,7 +230,9 @@ impl ImageStore {
         let resolved = self.inner.registry.resolve(oci_ref).await?;
         let digest = resolved.manifest_digest.clone();
         if let Some(rec) = cache.read_root(&digest) {
-            cache.record_ref(oci_ref, &digest).map_err(io_err(cache.base()))?;
+            cache
+                .record_ref(oci_ref, &digest)
+                .map_err(io_err(cache.base()))?;
             return Ok(self.remember(oci_ref, name, &digest, rec));
         }
         let lock_path = cache.lock_path(&digest);
@@ -238,7 +248,9 @@ impl ImageStore {
             path: cache.root_dir(&digest),
             source: std::io::Error::other("root vanished after it was made"),
         })?;
-        cache.record_ref(oci_ref, &digest).map_err(io_err(cache.base()))?;
+        cache
+            .record_ref(oci_ref, &digest)
+            .map_err(io_err(cache.base()))?;
         progress.finished(oci_ref);
         Ok(self.remember(oci_ref, name, &digest, rec))
     }
@@ -276,7 +288,11 @@ impl ImageStore {
             .map(|d| Digest::parse(d))
             .collect::<Result<Vec<_>, _>>()?;
         let total: u64 = blobs.iter().map(|b| b.1).sum();
-        let cached: u64 = blobs.iter().filter(|(d, s)| cache.has_blob(d, *s)).map(|b| b.1).sum();
+        let cached: u64 = blobs
+            .iter()
+            .filter(|(d, s)| cache.has_blob(d, *s))
+            .map(|b| b.1)
+            .sum();
         progress.started(oci_ref, blobs.len(), total, cached);
 
         // Futures built up front: a closure inside the stream type trips the compiler's
@@ -322,15 +338,28 @@ impl ImageStore {
         std::fs::create_dir_all(&rootfs).map_err(io_err(&rootfs))?;
         for (index, ((blob, _), diff_id)) in blobs.iter().zip(diff_ids).enumerate() {
             progress.unpacking(index, blobs.len());
-            let (root, path, diff) = (rootfs.clone(), self.inner.cache.blob_path(blob), diff_id.clone());
-            let stats = tokio::task::spawn_blocking(move || unpack::apply_layer_file(&root, &path, &diff))
-                .await
-                .map_err(|e| PullError::Task(e.to_string()))?;
+            let (root, path, diff) = (
+                rootfs.clone(),
+                self.inner.cache.blob_path(blob),
+                diff_id.clone(),
+            );
+            let stats =
+                tokio::task::spawn_blocking(move || unpack::apply_layer_file(&root, &path, &diff))
+                    .await
+                    .map_err(|e| PullError::Task(e.to_string()))?;
             match stats {
-                Ok(s) => tracing::debug!(index, entries = s.entries, bytes = s.uncompressed_bytes, "layer applied"),
+                Ok(s) => tracing::debug!(
+                    index,
+                    entries = s.entries,
+                    bytes = s.uncompressed_bytes,
+                    "layer applied"
+                ),
                 Err(source) => {
                     // A blob that does not match its diff_id is bad: drop it so a retry refetches.
-                    if matches!(source, unpack::UnpackError::DiffId { .. } | unpack::UnpackError::Read(_)) {
+                    if matches!(
+                        source,
+                        unpack::UnpackError::DiffId { .. } | unpack::UnpackError::Read(_)
+                    ) {
                         let _ = std::fs::remove_file(self.inner.cache.blob_path(blob));
                     }
                     return Err(PullError::Unpack {

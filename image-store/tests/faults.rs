@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::fake_registry::{Fault, FakeRegistry};
+use common::fake_registry::{FakeRegistry, Fault};
 use common::oci::{good_image, image, Tar};
 use common::{assert_cache_consistent, list, settings};
 use image_store::{ImageError, ImageStore};
@@ -11,17 +11,34 @@ use image_store::{ImageError, ImageStore};
 async fn setup(repo: &str) -> (FakeRegistry, tempfile::TempDir, ImageStore) {
     let reg = FakeRegistry::start().await;
     let cache = tempfile::tempdir().unwrap();
-    let store = ImageStore::new(settings(cache.path(), &reg.addr, &[("img", &format!("{repo}:1"))])).unwrap();
+    let store = ImageStore::new(settings(
+        cache.path(),
+        &reg.addr,
+        &[("img", &format!("{repo}:1"))],
+    ))
+    .unwrap();
     (reg, cache, store)
 }
 
-fn expect_s102(res: Result<image_store::PreparedImage, ImageError>, want_in_message: &str) -> String {
+fn expect_s102(
+    res: Result<image_store::PreparedImage, ImageError>,
+    want_in_message: &str,
+) -> String {
     let err = res.expect_err("pull should fail");
     assert_eq!(err.code(), "S102", "{err}");
     assert!(err.retryable());
-    let msg = format!("{err} / {:?}", std::error::Error::source(&err).map(|s| s.to_string()));
-    assert!(msg.contains("t/img:1"), "message names the reference: {msg}");
-    assert!(msg.to_lowercase().contains(want_in_message), "message {msg:?} lacks {want_in_message:?}");
+    let msg = format!(
+        "{err} / {:?}",
+        std::error::Error::source(&err).map(|s| s.to_string())
+    );
+    assert!(
+        msg.contains("t/img:1"),
+        "message names the reference: {msg}"
+    );
+    assert!(
+        msg.to_lowercase().contains(want_in_message),
+        "message {msg:?} lacks {want_in_message:?}"
+    );
     msg
 }
 
@@ -34,11 +51,20 @@ async fn transport_fault(fault: Fault, want: &str) {
     assert_cache_consistent(cache.path());
     let blobs = list(&cache.path().join("images/blobs/sha256"));
     for layer in &img.layer_digests {
-        assert!(!blobs.contains(&layer[7..].to_string()), "bad layer kept in the cache");
+        assert!(
+            !blobs.contains(&layer[7..].to_string()),
+            "bad layer kept in the cache"
+        );
     }
-    assert!(!store.catalog().iter().any(|e| e.name == "img" && e.installed));
+    assert!(!store
+        .catalog()
+        .iter()
+        .any(|e| e.name == "img" && e.installed));
     reg.set_fault(Fault::None);
-    let p = store.ensure("img").await.expect("good pull after the fault");
+    let p = store
+        .ensure("img")
+        .await
+        .expect("good pull after the fault");
     assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v1");
     assert_cache_consistent(cache.path());
 }
@@ -70,7 +96,10 @@ async fn content_fault(bad: common::oci::Image, want: &str) -> tempfile::TempDir
     expect_s102(store.ensure("img").await, want);
     assert_cache_consistent(cache.path());
     reg.put("t/img", "1", &good_image("v2"));
-    let p = store.ensure("img").await.expect("good pull after the bad image");
+    let p = store
+        .ensure("img")
+        .await
+        .expect("good pull after the bad image");
     assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v2");
     assert_cache_consistent(cache.path());
     cache
@@ -93,7 +122,12 @@ async fn dotdot_entry_is_refused() {
 
 #[tokio::test]
 async fn hardlink_out_of_root_is_refused() {
-    let bad = image(&[Tar::default().hardlink("etc/passwd-copy", "../../../../etc/passwd").finish()], None);
+    let bad = image(
+        &[Tar::default()
+            .hardlink("etc/passwd-copy", "../../../../etc/passwd")
+            .finish()],
+        None,
+    );
     content_fault(bad, "..").await;
 }
 
@@ -108,14 +142,26 @@ async fn symlink_escape_stays_inside_root() {
     let store = ImageStore::new(settings(cache.path(), &reg.addr, &[("img", "t/img:1")])).unwrap();
     let evil = image(
         &[
-            Tar::default().symlink("escape", &target).symlink("up", "../../../../..").finish(),
-            Tar::default().file("escape/pwned", b"x").file(&format!("up{target}/pwned2"), b"y").finish(),
+            Tar::default()
+                .symlink("escape", &target)
+                .symlink("up", "../../../../..")
+                .finish(),
+            Tar::default()
+                .file("escape/pwned", b"x")
+                .file(&format!("up{target}/pwned2"), b"y")
+                .finish(),
         ],
         None,
     );
     reg.put("t/img", "1", &evil);
-    let p = store.ensure("img").await.expect("contained symlinks are legitimate");
-    assert!(list(outside.path()).is_empty(), "something was written outside the root");
+    let p = store
+        .ensure("img")
+        .await
+        .expect("contained symlinks are legitimate");
+    assert!(
+        list(outside.path()).is_empty(),
+        "something was written outside the root"
+    );
     let inside = p.rootfs.join(target.trim_start_matches('/'));
     assert!(inside.join("pwned").is_file() && inside.join("pwned2").is_file());
     assert_cache_consistent(cache.path());

@@ -12,7 +12,14 @@ use common::real_registry::{self, RealRegistry};
 use common::{assert_cache_consistent, settings};
 use image_store::{ImageSettings, ImageStore, NoProgress};
 
-const FIXTURES: &[&str] = &["busybox", "multiarch", "whiteout", "zstd", "docker", "python"];
+const FIXTURES: &[&str] = &[
+    "busybox",
+    "multiarch",
+    "whiteout",
+    "zstd",
+    "docker",
+    "python",
+];
 const CUSTOM: &[(&str, &str)] = &[
     ("busybox", "fixtures/busybox:latest"),
     ("multiarch", "fixtures/multiarch:latest"),
@@ -54,7 +61,10 @@ async fn pull_by_tag_then_by_digest_gives_the_same_root() {
     let digest = real_registry::fixture_digest("busybox");
     assert_eq!(p.manifest_digest, digest);
     let by_digest = format!("{}/fixtures/busybox@{digest}", registry().addr);
-    let q = s.pull_reference(&by_digest, &NoProgress).await.expect("pull by digest");
+    let q = s
+        .pull_reference(&by_digest, &NoProgress)
+        .await
+        .expect("pull by digest");
     assert_eq!(q.rootfs, p.rootfs);
     // Hard links of the layer survive unpacking.
     use std::os::unix::fs::MetadataExt;
@@ -69,14 +79,21 @@ async fn multiarch_index_selects_this_host_and_skips_attestations() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
-    let p = store(cache.path()).ensure("multiarch").await.expect("multiarch pull");
+    let p = store(cache.path())
+        .ensure("multiarch")
+        .await
+        .expect("multiarch pull");
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
         other => other,
     };
     assert_eq!(read(&p.rootfs, "etc/arch"), format!("linux/{arch}\n"));
-    assert_ne!(p.manifest_digest, real_registry::fixture_digest("multiarch"), "root is per platform manifest");
+    assert_ne!(
+        p.manifest_digest,
+        real_registry::fixture_digest("multiarch"),
+        "root is per platform manifest"
+    );
 }
 
 #[tokio::test]
@@ -87,8 +104,15 @@ async fn zstd_and_docker_media_types_unpack() {
     let cache = tempfile::tempdir().unwrap();
     let s = store(cache.path());
     for name in ["zstd", "docker"] {
-        let p = s.ensure(name).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(read(&p.rootfs, "etc/motd"), "hello from busybox\n", "{name}");
+        let p = s
+            .ensure(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            read(&p.rootfs, "etc/motd"),
+            "hello from busybox\n",
+            "{name}"
+        );
     }
 }
 
@@ -98,10 +122,19 @@ async fn whiteouts_and_opaque_dirs_are_applied() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
-    let p = store(cache.path()).ensure("whiteout").await.expect("whiteout pull");
-    assert!(!p.rootfs.join("etc/motd").exists(), "whiteout did not delete /etc/motd");
+    let p = store(cache.path())
+        .ensure("whiteout")
+        .await
+        .expect("whiteout pull");
+    assert!(
+        !p.rootfs.join("etc/motd").exists(),
+        "whiteout did not delete /etc/motd"
+    );
     assert!(p.rootfs.join("etc/passwd").exists());
-    assert!(!p.rootfs.join("opt/a").exists() && !p.rootfs.join("opt/a-link").exists(), "opaque /opt kept lower files");
+    assert!(
+        !p.rootfs.join("opt/a").exists() && !p.rootfs.join("opt/a-link").exists(),
+        "opaque /opt kept lower files"
+    );
     assert_eq!(read(&p.rootfs, "opt/b"), "b\n");
     assert!(!p.rootfs.join("etc/.wh.motd").exists());
 }
@@ -126,7 +159,12 @@ async fn python_preset_through_a_docker_io_mirror_runs() {
             .args(["/usr/bin/python3", "-c", "print(6*7)"])
             .output()
             .expect("chroot");
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "42\n",
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     } else {
         println!("NOTE: not root, python not run inside the unpacked root");
     }
@@ -145,15 +183,23 @@ async fn allowlist_and_auto_install_give_s100_and_s101() {
     assert_eq!(s.ensure("nope").await.unwrap_err().code(), "S100");
     assert!(s.catalog().iter().all(|e| !e.allowed));
 
-    let manual = ImageSettings { auto_install: false, ..settings(cache.path(), &registry().addr, CUSTOM) };
+    let manual = ImageSettings {
+        auto_install: false,
+        ..settings(cache.path(), &registry().addr, CUSTOM)
+    };
     let s = ImageStore::new(manual.clone()).unwrap();
     let err = s.ensure("busybox").await.unwrap_err();
     assert_eq!((err.code(), err.retryable()), ("S101", false));
     // Pre-pulled by another store sharing the cache: now installed without a pull.
     store(cache.path()).ensure("busybox").await.unwrap();
     let s = ImageStore::new(manual).unwrap();
-    assert!(s.catalog().iter().any(|e| e.name == "busybox" && e.installed));
-    s.ensure("busybox").await.expect("installed image with auto_install off");
+    assert!(s
+        .catalog()
+        .iter()
+        .any(|e| e.name == "busybox" && e.installed));
+    s.ensure("busybox")
+        .await
+        .expect("installed image with auto_install off");
 }
 
 #[tokio::test]
@@ -161,14 +207,22 @@ async fn basic_auth_registry_with_good_and_bad_credentials() {
     if !real_registry::available("basic_auth") {
         return;
     }
-    let has_htpasswd = Command::new("sh").args(["-c", "command -v htpasswd"]).output().is_ok_and(|o| o.status.success());
+    let has_htpasswd = Command::new("sh")
+        .args(["-c", "command -v htpasswd"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !has_htpasswd {
         println!("\n*** SKIPPED basic_auth: htpasswd (apache2-utils) not installed ***\n");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let htpasswd = dir.path().join("htpasswd");
-    let out = Command::new("htpasswd").args(["-Bbc"]).arg(&htpasswd).args(["tester", "right-pw"]).output().unwrap();
+    let out = Command::new("htpasswd")
+        .args(["-Bbc"])
+        .arg(&htpasswd)
+        .args(["tester", "right-pw"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let reg = real_registry::start(Some(&htpasswd));
     real_registry::push(&reg.addr, &["busybox"], Some("tester:right-pw"));
@@ -177,7 +231,8 @@ async fn basic_auth_registry_with_good_and_bad_credentials() {
         let cfg = dir.path().join(format!("{name}.json"));
         std::fs::write(
             &cfg,
-            serde_json::json!({"auths": {reg.addr.clone(): {"username": user, "password": pw}}}).to_string(),
+            serde_json::json!({"auths": {reg.addr.clone(): {"username": user, "password": pw}}})
+                .to_string(),
         )
         .unwrap();
         let cache = dir.path().join(format!("cache-{name}"));
@@ -185,13 +240,22 @@ async fn basic_auth_registry_with_good_and_bad_credentials() {
         s.docker_config = Some(cfg);
         ImageStore::new(s).unwrap()
     };
-    let good = with_creds("tester", "right-pw", "good").ensure("busybox").await.expect("good credentials");
+    let good = with_creds("tester", "right-pw", "good")
+        .ensure("busybox")
+        .await
+        .expect("good credentials");
     assert!(good.rootfs.join("bin/busybox").is_file());
     for (user, pw, name) in [("tester", "wrong-pw", "bad"), ("", "", "none")] {
-        let err = with_creds(user, pw, name).ensure("busybox").await.expect_err("bad credentials must fail");
+        let err = with_creds(user, pw, name)
+            .ensure("busybox")
+            .await
+            .expect_err("bad credentials must fail");
         assert_eq!(err.code(), "S102");
         let chain = format!("{err} {:?}", err);
-        assert!(chain.contains("401") || chain.to_lowercase().contains("unauthorized"), "{chain}");
+        assert!(
+            chain.contains("401") || chain.to_lowercase().contains("unauthorized"),
+            "{chain}"
+        );
         assert_cache_consistent(&dir.path().join(format!("cache-{name}")));
     }
 }

@@ -51,7 +51,10 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(b"hello layer").unwrap();
         roundtrip(gz.finish().unwrap(), Compression::Gzip);
-        roundtrip(zstd::encode_all(&b"hello layer"[..], 1).unwrap(), Compression::Zstd);
+        roundtrip(
+            zstd::encode_all(&b"hello layer"[..], 1).unwrap(),
+            Compression::Zstd,
+        );
         roundtrip(b"hello layer".to_vec(), Compression::None);
     }
 }

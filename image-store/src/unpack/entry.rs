@@ -85,12 +85,7 @@ pub fn write_hardlink(path: &Path, source: &Path) -> io::Result<()> {
     fs::hard_link(source, path)
 }
 
-pub fn write_special(
-    path: &Path,
-    kind: EntryType,
-    dev: (u32, u32),
-    meta: &Meta,
-) -> io::Result<()> {
+pub fn write_special(path: &Path, kind: EntryType, dev: (u32, u32), meta: &Meta) -> io::Result<()> {
     clear(path, false)?;
     let fmt = match kind {
         EntryType::Char => libc::S_IFCHR,
@@ -112,7 +107,10 @@ fn set_owner(path: &Path, meta: &Meta) -> io::Result<()> {
         return Ok(());
     }
     let (Ok(uid), Ok(gid)) = (u32::try_from(meta.uid), u32::try_from(meta.gid)) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "uid/gid out of range"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "uid/gid out of range",
+        ));
     };
     std::os::unix::fs::lchown(path, Some(uid), Some(gid))
 }

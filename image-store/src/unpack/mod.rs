@@ -78,6 +78,7 @@ pub fn apply_layer<R: io::Read + 'static>(
         compression: Some(compression),
         ..Default::default()
     };
+    // The archive borrows the hashing reader, so the rest of the stream can be hashed after.
     let mut archive = tar::Archive::new(&mut hashed);
     let mut layer = Layer {
         root,
@@ -92,7 +93,6 @@ pub fn apply_layer<R: io::Read + 'static>(
             stats.whiteouts += 1;
         }
     }
-    drop(archive);
     let (actual, bytes) = hashed.drain_and_finish().map_err(UnpackError::Read)?;
     stats.uncompressed_bytes = bytes;
     if &actual != diff_id {
@@ -122,7 +122,8 @@ impl Layer<'_> {
         let parent = resolve::resolve_dir(self.root, &comps, true)?;
         let last_str = last.to_string_lossy();
         if last_str == OPAQUE {
-            entry::clear_opaque(&parent, &self.written).map_err(|source| write_err(&parent, source))?;
+            entry::clear_opaque(&parent, &self.written)
+                .map_err(|source| write_err(&parent, source))?;
             return Ok(true);
         }
         if let Some(hidden) = last_str.strip_prefix(WHITEOUT_PREFIX) {
@@ -205,7 +206,12 @@ fn link_name<R: io::Read>(e: &tar::Entry<'_, R>) -> Result<PathBuf, UnpackError>
     e.link_name()
         .map_err(UnpackError::Read)?
         .map(|p| p.into_owned())
-        .ok_or_else(|| UnpackError::Read(io::Error::new(io::ErrorKind::InvalidData, "link without target")))
+        .ok_or_else(|| {
+            UnpackError::Read(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "link without target",
+            ))
+        })
 }
 
 fn write_err(path: &Path, source: io::Error) -> UnpackError {

@@ -113,7 +113,10 @@ mod tests {
 
     #[test]
     fn dotdot_is_refused_and_root_prefix_dropped() {
-        assert!(matches!(split(Path::new("a/../../etc")), Err(ResolveError::DotDot(_))));
+        assert!(matches!(
+            split(Path::new("a/../../etc")),
+            Err(ResolveError::DotDot(_))
+        ));
         assert_eq!(split(Path::new("/./a//b")).unwrap(), vec!["a", "b"]);
     }
 

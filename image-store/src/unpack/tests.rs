@@ -50,7 +50,11 @@ impl T {
 }
 
 fn apply(root: &Path, tar: &[u8]) -> Result<LayerStats, UnpackError> {
-    apply_layer(root, BufReader::new(Cursor::new(tar.to_vec())), &Digest::of(tar))
+    apply_layer(
+        root,
+        BufReader::new(Cursor::new(tar.to_vec())),
+        &Digest::of(tar),
+    )
 }
 
 fn setup() -> (tempfile::TempDir, PathBuf) {
@@ -75,7 +79,10 @@ fn files_dirs_links_modes_and_owners_are_kept() {
     let stats = apply(&root, &tar).unwrap();
     assert_eq!(stats.entries, 5);
     assert_eq!(fs::read(root.join("etc/motd")).unwrap(), b"hi\n");
-    assert_eq!(fs::read_link(root.join("etc/link")).unwrap(), Path::new("/etc/motd"));
+    assert_eq!(
+        fs::read_link(root.join("etc/link")).unwrap(),
+        Path::new("/etc/motd")
+    );
     let md = fs::metadata(root.join("etc/hard")).unwrap();
     assert_eq!(md.ino(), fs::metadata(root.join("etc/motd")).unwrap().ino());
     let secret = fs::metadata(root.join("etc/secret")).unwrap();
@@ -92,7 +99,15 @@ fn files_dirs_links_modes_and_owners_are_kept() {
 #[test]
 fn whiteouts_and_opaque_dirs_hide_lower_layers_only() {
     let (_t, root) = setup();
-    apply(&root, &T::new().file("etc/motd", b"x").file("opt/a", b"a").file("opt/d/deep", b"d").done()).unwrap();
+    apply(
+        &root,
+        &T::new()
+            .file("etc/motd", b"x")
+            .file("opt/a", b"a")
+            .file("opt/d/deep", b"d")
+            .done(),
+    )
+    .unwrap();
     let upper = T::new()
         .file("opt/b", b"b")
         .file("opt/.wh..wh..opq", b"")
@@ -109,11 +124,30 @@ fn whiteouts_and_opaque_dirs_hide_lower_layers_only() {
 #[test]
 fn type_changes_replace_lower_entries() {
     let (_t, root) = setup();
-    apply(&root, &T::new().file("a/x", b"1").file("b", b"file").sym("c", "b").done()).unwrap();
-    apply(&root, &T::new().file("a", b"now a file").dir("b/").file("c", b"plain").done()).unwrap();
+    apply(
+        &root,
+        &T::new()
+            .file("a/x", b"1")
+            .file("b", b"file")
+            .sym("c", "b")
+            .done(),
+    )
+    .unwrap();
+    apply(
+        &root,
+        &T::new()
+            .file("a", b"now a file")
+            .dir("b/")
+            .file("c", b"plain")
+            .done(),
+    )
+    .unwrap();
     assert_eq!(fs::read(root.join("a")).unwrap(), b"now a file");
     assert!(root.join("b").is_dir());
-    assert!(!fs::symlink_metadata(root.join("c")).unwrap().file_type().is_symlink());
+    assert!(!fs::symlink_metadata(root.join("c"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
 
 #[test]
@@ -130,8 +164,15 @@ fn writes_through_symlinked_dirs_stay_inside_root() {
         .file("lib/libc.so", b"elf")
         .done();
     apply(&root, &evil).unwrap();
-    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "wrote outside the root");
-    assert!(root.join(outside.strip_prefix("/").unwrap()).join("pwned").exists());
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "wrote outside the root"
+    );
+    assert!(root
+        .join(outside.strip_prefix("/").unwrap())
+        .join("pwned")
+        .exists());
     assert!(root.join("outside/pwned").exists());
     assert!(root.join("usr/lib/libc.so").exists());
 }
@@ -140,14 +181,27 @@ fn writes_through_symlinked_dirs_stay_inside_root() {
 fn dotdot_entries_and_hardlinks_out_are_refused() {
     let (tmp, root) = setup();
     let err = apply(&root, &T::new().file("../escape", b"x").done()).unwrap_err();
-    assert!(matches!(err, UnpackError::Unsafe(ResolveError::DotDot(_))), "{err}");
+    assert!(
+        matches!(err, UnpackError::Unsafe(ResolveError::DotDot(_))),
+        "{err}"
+    );
     assert!(!tmp.path().join("escape").exists());
     let err = apply(&root, &T::new().hard("h", "../../etc/passwd").done()).unwrap_err();
-    assert!(matches!(err, UnpackError::Unsafe(ResolveError::DotDot(_))), "{err}");
-    // A hard link through an absolute symlink resolves inside the root: target missing there.
-    let err = apply(&root, &T::new().sym("e", "/etc").hard("h", "e/hostname").done()).unwrap_err();
     assert!(
-        matches!(err, UnpackError::HardLink { .. } | UnpackError::Unsafe(ResolveError::Io(..))),
+        matches!(err, UnpackError::Unsafe(ResolveError::DotDot(_))),
+        "{err}"
+    );
+    // A hard link through an absolute symlink resolves inside the root: target missing there.
+    let err = apply(
+        &root,
+        &T::new().sym("e", "/etc").hard("h", "e/hostname").done(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            UnpackError::HardLink { .. } | UnpackError::Unsafe(ResolveError::Io(..))
+        ),
         "{err}"
     );
     assert!(!root.join("h").exists());
@@ -165,7 +219,10 @@ fn diff_id_mismatch_and_truncation_are_errors() {
     let mut gz = gz.finish().unwrap();
     gz.truncate(gz.len() / 2);
     let err = apply_layer(&root, BufReader::new(Cursor::new(gz)), &Digest::of(&tar)).unwrap_err();
-    assert!(matches!(err, UnpackError::Read(_) | UnpackError::DiffId { .. }), "{err}");
+    assert!(
+        matches!(err, UnpackError::Read(_) | UnpackError::DiffId { .. }),
+        "{err}"
+    );
 }
 
 #[test]

@@ -43,7 +43,9 @@ pub struct FakeRegistry {
 
 impl FakeRegistry {
     pub async fn start() -> FakeRegistry {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let reg = FakeRegistry {
             inner: Arc::default(),
@@ -62,8 +64,10 @@ impl FakeRegistry {
     /// Serves `image` as `repo:tag`.
     pub fn put(&self, repo: &str, tag: &str, image: &Image) {
         let mut g = self.inner.lock().unwrap();
-        g.manifests.insert(format!("{repo}:{tag}"), image.manifest.clone());
-        g.manifests.insert(format!("{repo}:{}", image.digest()), image.manifest.clone());
+        g.manifests
+            .insert(format!("{repo}:{tag}"), image.manifest.clone());
+        g.manifests
+            .insert(format!("{repo}:{}", image.digest()), image.manifest.clone());
         for (d, b) in &image.blobs {
             g.blobs.insert(d.clone(), b.clone());
         }
@@ -85,17 +89,31 @@ impl FakeRegistry {
     }
 }
 
-async fn serve(State(reg): State<FakeRegistry>, method: Method, Path(rest): Path<String>) -> Response {
+async fn serve(
+    State(reg): State<FakeRegistry>,
+    method: Method,
+    Path(rest): Path<String>,
+) -> Response {
     let mut g = reg.inner.lock().unwrap();
     *g.counts.entry(format!("{method} {rest}")).or_default() += 1;
     if let Some((repo, reference)) = rest.split_once("/manifests/") {
         return match g.manifests.get(&format!("{repo}:{reference}")) {
             Some(m) => (
                 [
-                    (header::CONTENT_TYPE, "application/vnd.oci.image.manifest.v1+json".to_string()),
-                    (header::HeaderName::from_static("docker-content-digest"), super::oci::sha(m)),
+                    (
+                        header::CONTENT_TYPE,
+                        "application/vnd.oci.image.manifest.v1+json".to_string(),
+                    ),
+                    (
+                        header::HeaderName::from_static("docker-content-digest"),
+                        super::oci::sha(m),
+                    ),
                 ],
-                if method == Method::HEAD { Vec::new() } else { m.clone() },
+                if method == Method::HEAD {
+                    Vec::new()
+                } else {
+                    m.clone()
+                },
             )
                 .into_response(),
             None => StatusCode::NOT_FOUND.into_response(),
@@ -107,7 +125,11 @@ async fn serve(State(reg): State<FakeRegistry>, method: Method, Path(rest): Path
     let Some(mut blob) = g.blobs.get(digest).cloned() else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let fault = if g.layers.contains(digest) { g.fault.clone().unwrap_or(Fault::None) } else { Fault::None };
+    let fault = if g.layers.contains(digest) {
+        g.fault.clone().unwrap_or(Fault::None)
+    } else {
+        Fault::None
+    };
     drop(g);
     match fault {
         Fault::None => blob.into_response(),

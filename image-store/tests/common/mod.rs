@@ -34,19 +34,29 @@ pub fn settings(cache: &Path, addr: &str, custom: &[(&str, &str)]) -> ImageSetti
 /// Names of entries directly under `dir` (empty if it does not exist).
 pub fn list(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// The cache holds no temporary root, no partial download and only finished roots.
 pub fn assert_cache_consistent(cache: &Path) {
     let base = cache.join("images");
-    let tmp_roots: Vec<_> = list(&base.join("roots")).into_iter().filter(|n| n.starts_with(".tmp")).collect();
+    let tmp_roots: Vec<_> = list(&base.join("roots"))
+        .into_iter()
+        .filter(|n| n.starts_with(".tmp"))
+        .collect();
     assert!(tmp_roots.is_empty(), "temporary roots left: {tmp_roots:?}");
     let partial = list(&base.join("blobs/tmp"));
     assert!(partial.is_empty(), "partial downloads left: {partial:?}");
     for root in list(&base.join("roots")) {
         let dir = base.join("roots").join(&root);
-        assert!(dir.join("image.json").is_file() && dir.join("rootfs").is_dir(), "incomplete root {root}");
+        assert!(
+            dir.join("image.json").is_file() && dir.join("rootfs").is_dir(),
+            "incomplete root {root}"
+        );
     }
 }

@@ -14,7 +14,14 @@ pub fn sha(b: &[u8]) -> String {
 pub struct Tar(Vec<u8>);
 
 impl Tar {
-    fn push(mut self, name: &str, kind: tar::EntryType, link: &str, data: &[u8], mode: u32) -> Self {
+    fn push(
+        mut self,
+        name: &str,
+        kind: tar::EntryType,
+        link: &str,
+        data: &[u8],
+        mode: u32,
+    ) -> Self {
         let mut h = tar::Header::new_gnu();
         {
             let raw = h.as_old_mut();
@@ -27,7 +34,8 @@ impl Tar {
         h.set_cksum();
         self.0.extend_from_slice(h.as_bytes());
         self.0.extend_from_slice(data);
-        self.0.extend(std::iter::repeat_n(0, (512 - data.len() % 512) % 512));
+        self.0
+            .extend(std::iter::repeat_n(0, (512 - data.len() % 512) % 512));
         self
     }
     pub fn file(self, name: &str, data: &[u8]) -> Self {
@@ -77,8 +85,10 @@ pub fn image(layers: &[Vec<u8>], diff_id_override: Option<Vec<String>>) -> Image
     for raw in layers {
         let gz = gzip(raw);
         let d = sha(&gz);
-        descs.push(serde_json::json!({"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip",
-                                      "digest": d, "size": gz.len()}));
+        descs.push(
+            serde_json::json!({"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip",
+                                      "digest": d, "size": gz.len()}),
+        );
         layer_digests.push(d.clone());
         diff_ids.push(sha(raw));
         blobs.insert(d, gz);
@@ -108,8 +118,13 @@ pub fn image(layers: &[Vec<u8>], diff_id_override: Option<Vec<String>>) -> Image
 pub fn good_image(marker: &str) -> Image {
     image(
         &[
-            Tar::default().dir("etc/").file("etc/hello", b"hello\n").finish(),
-            Tar::default().file("etc/marker", marker.as_bytes()).finish(),
+            Tar::default()
+                .dir("etc/")
+                .file("etc/hello", b"hello\n")
+                .finish(),
+            Tar::default()
+                .file("etc/marker", marker.as_bytes())
+                .finish(),
         ],
         None,
     )

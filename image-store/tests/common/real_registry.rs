@@ -46,18 +46,28 @@ pub fn start(htpasswd: Option<&Path>) -> RealRegistry {
         cmd.env("REGISTRY_HTPASSWD", h);
     }
     let out = cmd.output().expect("run start-registry.sh");
-    assert!(out.status.success(), "start-registry.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "start-registry.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let mut parts = text.split_whitespace();
     let pid: u32 = parts.next().and_then(|p| p.parse().ok()).expect("pid");
     let addr = parts.next().expect("addr").to_string();
-    RealRegistry { addr, pid, _dir: dir }
+    RealRegistry {
+        addr,
+        pid,
+        _dir: dir,
+    }
 }
 
 /// Builds (cached) and pushes the named fixture images to `addr`.
 pub fn push(addr: &str, names: &[&str], user: Option<&str>) {
     let mut cmd = Command::new("bash");
-    cmd.arg(fixtures_dir().join("build-fixtures.sh")).arg(addr).args(names);
+    cmd.arg(fixtures_dir().join("build-fixtures.sh"))
+        .arg(addr)
+        .args(names);
     if let Some(u) = user {
         cmd.env("FIXTURE_USER", u);
     }
@@ -75,8 +85,12 @@ pub fn fixture_digest(name: &str) -> String {
     let cache = std::env::var_os("FIXTURE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("sandbox-libkrun-fixtures"));
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(cache.join(name).join("index.json")).expect("index.json"))
-            .expect("json");
-    index["manifests"][0]["digest"].as_str().expect("digest").to_string()
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(cache.join(name).join("index.json")).expect("index.json"),
+    )
+    .expect("json");
+    index["manifests"][0]["digest"]
+        .as_str()
+        .expect("digest")
+        .to_string()
 }
