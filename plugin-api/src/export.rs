@@ -27,7 +27,7 @@ pub trait Plugin: Send + Sync + 'static {
     fn invoke(self: Arc<Self>, function: String, payload: Value) -> PluginFuture;
 
     /// Stops what the plugin runs (sandboxes, VMs). Called once, inside the plugin's runtime.
-    fn shutdown(&self) {}
+    fn shutdown(self: Arc<Self>) {}
 }
 
 pub type InitFn = fn(&Value) -> Result<Arc<dyn Plugin>, String>;

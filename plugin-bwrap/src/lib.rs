@@ -1,49 +1,37 @@
 //! The bubblewrap plugin: sandbox-core over Linux namespaces (`bwrap --unshare-all`), for hosts
 //! and CI machines without usable KVM, and for development. Adapter name `sandbox-bwrap`; run
 //! the shell with `--prefix sandbox-libkrun` to stand in for the libkrun adapter.
+//!
+//! Isolation is namespaces, not a VM: good enough for tests and trusted code, not a security
+//! boundary for hostile code the way a microVM is.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+mod backend;
+mod cgroup;
+mod mount;
 
 use std::sync::Arc;
 
 use plugin_api::{Manifest, Plugin};
-use sandbox_core::{Backend, HostUnfit, SandboxPlugin};
+use sandbox_core::SandboxPlugin;
+
+pub use backend::BwrapBackend;
 
 pub const ADAPTER: &str = "sandbox-bwrap";
-
-pub struct BwrapBackend;
-
-impl Backend for BwrapBackend {
-    fn name(&self) -> &'static str {
-        "bwrap"
-    }
-
-    fn probe(&self) -> Result<(), HostUnfit> {
-        find_in_path("bwrap").map(|_| ()).ok_or_else(|| {
-            HostUnfit("`bwrap` is not installed (Debian package `bubblewrap`)".into())
-        })
-    }
-}
-
-fn find_in_path(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
-}
 
 fn manifest() -> Manifest {
     sandbox_core::functions::manifest(ADAPTER, env!("CARGO_PKG_VERSION"))
 }
 
 fn init(config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(SandboxPlugin::new(
+    let plugin = SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
-        BwrapBackend,
-    )?))
+        BwrapBackend::new(),
+    )?;
+    Ok(plugin)
 }
 
 plugin_api::export_plugin!(manifest, init);

@@ -7,13 +7,15 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use plugin_api::{Manifest, Plugin};
-use sandbox_core::{Backend, HostUnfit, SandboxPlugin};
+use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxPlugin};
 
 pub const ADAPTER: &str = "sandbox-libkrun";
 
 pub struct LibkrunBackend;
 
+#[async_trait]
 impl Backend for LibkrunBackend {
     fn name(&self) -> &'static str {
         "libkrun"
@@ -21,6 +23,17 @@ impl Backend for LibkrunBackend {
 
     fn probe(&self) -> Result<(), HostUnfit> {
         probe::host_can_boot()
+    }
+
+    async fn boot(&self, _spec: &BootSpec) -> Result<Booted, SandboxError> {
+        self.probe()
+            .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
+        // Booting through `sandbox-libkrun-vm` (vsock-bridged agent) is the next step; until it
+        // lands, say so instead of pretending.
+        Err(SandboxError::BootFailed(
+            "this build of the libkrun plugin does not boot sandboxes yet; use the bwrap plugin"
+                .into(),
+        ))
     }
 }
 
@@ -31,12 +44,12 @@ fn manifest() -> Manifest {
 }
 
 fn init(config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(SandboxPlugin::new(
+    Ok(SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
         LibkrunBackend,
-    )?))
+    )?)
 }
 
 plugin_api::export_plugin!(manifest, init);

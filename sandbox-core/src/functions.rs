@@ -12,13 +12,57 @@ pub const WORKER_OPERATIONS: &[&str] = &["prepare", "start", "status", "logs", "
 
 /// Builds the manifest of a plugin named `adapter`.
 pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
-    let mut functions = vec![FunctionSpec {
-        id: "adapter::info".into(),
-        description: "Adapter name, version, contract version, features and host readiness".into(),
-        request_schema: empty_request(),
-        response_schema: info_response(),
+    let function = |id: &str, description: &str, request: Value, response: Value| FunctionSpec {
+        id: id.into(),
+        description: description.into(),
+        request_schema: request,
+        response_schema: response,
         token_guarded: false,
-    }];
+    };
+    let mut functions = vec![
+        function(
+            "create",
+            "Boot a sandbox from a catalog image",
+            create_request(),
+            create_response(),
+        ),
+        function(
+            "exec",
+            "Run a program in a sandbox and return its output",
+            exec_request(),
+            exec_response(false),
+        ),
+        function(
+            "stop",
+            "Stop a sandbox (idempotent)",
+            stop_request(),
+            stop_response(),
+        ),
+        function(
+            "list",
+            "List live sandboxes and the adapter's slots",
+            empty_request(),
+            list_response(),
+        ),
+        function(
+            "catalog::list",
+            "Images that sandboxes may boot",
+            empty_request(),
+            catalog_response(),
+        ),
+        function(
+            "run",
+            "Run code in a fresh sandbox that is gone when the call returns",
+            run_request(),
+            exec_response(true),
+        ),
+        function(
+            "adapter::info",
+            "Adapter name, version, contract, features and host readiness",
+            empty_request(),
+            info_response(),
+        ),
+    ];
     functions.extend(WORKER_OPERATIONS.iter().map(|op| FunctionSpec {
         id: format!("worker::{op}"),
         description: format!("Worker VM operation `{op}` (token-guarded; see SPEC.md section 6)"),
@@ -34,43 +78,207 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
     }
 }
 
+fn object(required: &[&str], properties: Value) -> Value {
+    json!({"type": "object", "required": required, "properties": properties, "additionalProperties": true})
+}
+
 fn empty_request() -> Value {
-    json!({"type": "object", "properties": {}, "additionalProperties": true})
+    object(&[], json!({}))
+}
+
+fn env_schema() -> Value {
+    json!({
+        "description": "Environment: [\"K=V\", ...] or {\"K\": \"V\"}",
+        "oneOf": [
+            {"type": "array", "items": {"type": "string", "pattern": "^[^=]+="}},
+            {"type": "object", "additionalProperties": {"type": "string"}}
+        ]
+    })
+}
+
+fn uuid_schema() -> Value {
+    json!({"type": "string", "format": "uuid"})
+}
+
+fn create_request() -> Value {
+    object(
+        &["image"],
+        json!({
+            "image": {"type": "string", "description": "Catalog name, e.g. python or node"},
+            "cpus": {"type": "integer", "minimum": 1},
+            "memory_mb": {"type": "integer", "minimum": 16},
+            "name": {"type": "string", "maxLength": 128},
+            "network": {"type": "boolean", "default": false},
+            "idle_timeout_secs": {"type": "integer", "minimum": 1},
+            "env": env_schema(),
+        }),
+    )
+}
+
+fn create_response() -> Value {
+    object(
+        &["sandbox_id", "image"],
+        json!({"sandbox_id": uuid_schema(), "image": {"type": "string"}}),
+    )
+}
+
+fn exec_request() -> Value {
+    object(
+        &["sandbox_id"],
+        json!({
+            "sandbox_id": uuid_schema(),
+            "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "cmd": {"type": "string", "description": "Program, or a whole command line split like a shell (no expansion) when `args` is absent"},
+            "args": {"type": "array", "items": {"type": "string"}},
+            "stdin": {"type": "string", "contentEncoding": "base64"},
+            "env": env_schema(),
+            "timeout_ms": {"type": "integer", "minimum": 1, "default": 300000},
+            "workdir": {"type": "string"},
+        }),
+    )
+}
+
+fn exec_response(with_sandbox_id: bool) -> Value {
+    let mut properties = json!({
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "exit_code": {"type": "integer"},
+        "timed_out": {"type": "boolean"},
+        "duration_ms": {"type": "integer"},
+        "success": {"type": "boolean"},
+        "stdout_truncated": {"type": "boolean"},
+        "stderr_truncated": {"type": "boolean"},
+    });
+    if with_sandbox_id {
+        properties["sandbox_id"] = json!({"type": "string", "format": "uuid", "description": "Present when keep_sandbox was true"});
+    }
+    object(
+        &[
+            "stdout",
+            "stderr",
+            "exit_code",
+            "timed_out",
+            "duration_ms",
+            "success",
+            "stdout_truncated",
+            "stderr_truncated",
+        ],
+        properties,
+    )
+}
+
+fn stop_request() -> Value {
+    object(
+        &["sandbox_id"],
+        json!({"sandbox_id": uuid_schema(), "wait": {"type": "boolean", "default": false}}),
+    )
+}
+
+fn stop_response() -> Value {
+    object(
+        &["sandbox_id", "stopped"],
+        json!({"sandbox_id": uuid_schema(), "stopped": {"type": "boolean"}}),
+    )
+}
+
+fn list_response() -> Value {
+    let count = json!({"type": "integer", "minimum": 0});
+    object(
+        &["sandboxes", "in_flight", "cap", "remaining", "reconciled"],
+        json!({
+            "sandboxes": {"type": "array", "items": object(
+                &["sandbox_id", "image", "age_secs", "exec_in_progress", "exec_in_flight", "exec_slots_free", "stopped"],
+                json!({
+                    "sandbox_id": uuid_schema(),
+                    "name": {"type": ["string", "null"]},
+                    "image": {"type": "string"},
+                    "age_secs": count,
+                    "exec_in_progress": {"type": "boolean"},
+                    "exec_in_flight": count,
+                    "exec_slots_free": count,
+                    "stopped": {"type": "boolean"},
+                }),
+            )},
+            "in_flight": count, "cap": count, "remaining": count, "reconciled": count,
+        }),
+    )
+}
+
+fn catalog_response() -> Value {
+    object(
+        &["images"],
+        json!({
+            "images": {"type": "array", "items": object(&["name", "oci_ref", "kind", "installed", "allowed"], json!({
+                "name": {"type": "string"},
+                "oci_ref": {"type": "string"},
+                "kind": {"enum": ["preset", "custom"]},
+                "installed": {"type": "boolean"},
+                "allowed": {"type": "boolean"},
+            }))}
+        }),
+    )
+}
+
+fn run_request() -> Value {
+    object(
+        &["image", "code", "lang"],
+        json!({
+            "image": {"type": "string"},
+            "code": {"type": "string"},
+            "lang": {"type": "string", "description": "python/py, node/js/javascript, sh/shell/bash, or an interpreter path"},
+            "files": {"type": "array", "items": object(&["path", "content"], json!({"path": {"type": "string"}, "content": {"type": "string"}}))},
+            "env": env_schema(),
+            "stdin": {"type": "string", "contentEncoding": "base64"},
+            "timeout_ms": {"type": "integer", "minimum": 1},
+            "keep_sandbox": {"type": "boolean", "default": false},
+        }),
+    )
 }
 
 fn worker_request() -> Value {
-    json!({
-        "type": "object",
-        "required": ["auth"],
-        "properties": {
+    object(
+        &["auth"],
+        json!({
             "auth": {"type": "string", "description": "The worker token given to the adapter as III_SANDBOX_WORKER_TOKEN"}
-        },
-        "additionalProperties": true
-    })
+        }),
+    )
 }
 
 fn info_response() -> Value {
-    json!({
-        "type": "object",
-        "required": ["adapter", "adapter_version", "contract", "features", "backend"],
-        "properties": {
+    object(
+        &[
+            "adapter",
+            "adapter_version",
+            "contract",
+            "features",
+            "backend",
+        ],
+        json!({
             "adapter": {"type": "string"},
             "adapter_version": {"type": "string"},
-            "contract": {
-                "type": "object",
-                "required": ["major", "minor"],
-                "properties": {"major": {"type": "integer"}, "minor": {"type": "integer"}}
-            },
+            "contract": object(&["major", "minor"], json!({"major": {"type": "integer"}, "minor": {"type": "integer"}})),
             "features": {"type": "array", "items": {"type": "string"}},
-            "backend": {
-                "type": "object",
-                "required": ["name", "ready"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "ready": {"type": "boolean"},
-                    "reason": {"type": ["string", "null"]}
-                }
-            }
+            "backend": object(&["name", "ready"], json!({
+                "name": {"type": "string"},
+                "ready": {"type": "boolean"},
+                "reason": {"type": ["string", "null"]},
+            })),
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_is_valid_and_guards_only_worker_functions() {
+        let manifest = manifest("sandbox-libkrun", "0");
+        manifest.validate().unwrap();
+        for f in &manifest.functions {
+            assert_eq!(f.token_guarded, f.id.starts_with("worker::"), "{}", f.id);
+            assert_eq!(f.request_schema["type"], "object", "{}", f.id);
+            assert_eq!(f.response_schema["type"], "object", "{}", f.id);
         }
-    })
+    }
 }

@@ -13,7 +13,12 @@
 //! | 2, `adapter::info` | [`ops::info`] |
 //! | 3, configuration | [`config`] |
 //! | 4, errors | [`error`] |
+//! | 2, `create` / `exec` / `stop` / `list` / `run` / `catalog::list` | `ops/<verb>.rs` |
+//! | 2, request shapes (env, command, stdin) | [`request`] |
+//! | 2, exec caps and limits | `registry.rs` |
 //! | 5, host prerequisites | [`backend::Backend::probe`] |
+//! | 7, no orphans, reconciliation | `layer.rs` |
+//! | 7, idle reaping | `reaper.rs` |
 
 #![forbid(unsafe_code)]
 
@@ -21,10 +26,15 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod functions;
+mod images;
+mod layer;
 pub mod ops;
 pub mod plugin;
+mod reaper;
+mod registry;
+pub mod request;
 
-pub use backend::{Backend, HostUnfit};
+pub use backend::{AgentReader, AgentWriter, Backend, BootSpec, Booted, HostUnfit, SandboxProcess};
 pub use config::Config;
 pub use error::SandboxError;
 pub use plugin::SandboxPlugin;

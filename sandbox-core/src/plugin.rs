@@ -1,15 +1,23 @@
-//! The plugin every backend exports: routes each call by id suffix to its operation and turns
-//! every failure into an S-code body.
+//! The plugin every backend exports: the shared state of one adapter run, and the routing of
+//! each call by id suffix to its operation. Every failure leaves here as an S-code body.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use image_store::ImageStore;
 use plugin_api::{ErrorBody, Plugin, PluginFuture};
 use serde_json::Value;
 
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::SandboxError;
-use crate::ops;
+use crate::layer::StateDir;
+use crate::registry::Registry;
+use crate::{images, ops, reaper};
+
+/// Environment variable naming the static agent binary; default `sandbox-agent` next to the
+/// running executable.
+pub const AGENT_PATH_ENV: &str = "SANDBOX_AGENT_PATH";
 
 /// Shared state of one running plugin instance.
 pub struct SandboxPlugin<B: Backend> {
@@ -17,24 +25,47 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) adapter_version: &'static str,
     pub(crate) config: Config,
     pub(crate) backend: B,
+    pub(crate) images: ImageStore,
+    pub(crate) registry: Registry,
+    pub(crate) state: StateDir,
+    pub(crate) agent_path: PathBuf,
+    /// Leftovers of an earlier run cleaned at start-up (`list.reconciled`).
+    pub(crate) reconciled: usize,
 }
 
 impl<B: Backend> SandboxPlugin<B> {
-    /// Validates `config` and builds the plugin; the error is the one-line reason the shell
-    /// prints before exiting 2.
-    pub fn new(
+    /// Validates `config`, cleans what an earlier run left, and starts the idle reaper. Must
+    /// run inside the plugin's tokio runtime. The error is the one-line reason the shell prints
+    /// before exiting 2.
+    pub fn start(
         adapter: &'static str,
         adapter_version: &'static str,
         config: &Value,
         backend: B,
-    ) -> Result<Self, String> {
+    ) -> Result<Arc<Self>, String> {
         let config = Config::from_json(config).map_err(|e| e.to_string())?;
-        Ok(Self {
+        let images =
+            ImageStore::new(images::settings(&config)).map_err(|e| format!("image store: {e}"))?;
+        let state_dir = config
+            .state_dir
+            .clone()
+            .unwrap_or_else(images::default_state_dir);
+        let state = StateDir::open(&state_dir)
+            .map_err(|e| format!("cannot use state directory {}: {e}", state_dir.display()))?;
+        let reconciled = state.reconcile(&backend);
+        let plugin = Arc::new(Self {
             adapter,
             adapter_version,
+            registry: Registry::new(config.max_concurrent_sandboxes),
             config,
             backend,
-        })
+            images,
+            state,
+            agent_path: agent_path(),
+            reconciled,
+        });
+        reaper::spawn(Arc::downgrade(&plugin));
+        Ok(plugin)
     }
 
     pub fn config(&self) -> &Config {
@@ -48,16 +79,38 @@ impl<B: Backend> SandboxPlugin<B> {
     ) -> Result<Value, SandboxError> {
         match function.as_str() {
             "adapter::info" => Ok(ops::info::info(&self)),
+            "catalog::list" => Ok(ops::catalog::list(&self)),
+            "create" => ops::create::create(&self, payload).await,
+            "exec" => ops::exec::exec(&self, payload).await,
+            "stop" => ops::stop::stop(&self, payload).await,
+            "list" => Ok(ops::list::list(&self)),
+            "run" => ops::run::run(&self, payload).await,
             f if f.starts_with("worker::") => Err(SandboxError::BootFailed(
                 "worker VMs are not available in this build of the adapter yet".into(),
             )),
-            other => {
-                let _ = payload;
-                Err(SandboxError::InvalidRequest(format!(
-                    "unknown function `{other}`"
-                )))
-            }
+            other => Err(SandboxError::InvalidRequest(format!(
+                "unknown function `{other}`"
+            ))),
         }
+    }
+
+    /// Stops every sandbox; the adapter is going away.
+    fn stop_all(self: &Arc<Self>) {
+        let sandboxes = self.registry.live();
+        let plugin = Arc::clone(self);
+        let handle = tokio::runtime::Handle::current();
+        // Called from the shell's thread inside our runtime's context: block here until every
+        // sandbox is torn down, so nothing outlives the adapter.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                handle.block_on(async move {
+                    let stops = sandboxes
+                        .into_iter()
+                        .filter_map(|s| plugin.registry.take(s.id, true).ok().flatten());
+                    futures::future::join_all(stops.map(|s| ops::stop::teardown(&plugin, s))).await;
+                })
+            });
+        });
     }
 }
 
@@ -69,4 +122,18 @@ impl<B: Backend> Plugin for SandboxPlugin<B> {
                 .map_err(ErrorBody::from)
         })
     }
+
+    fn shutdown(self: Arc<Self>) {
+        self.stop_all();
+    }
+}
+
+fn agent_path() -> PathBuf {
+    if let Some(path) = std::env::var_os(AGENT_PATH_ENV) {
+        return PathBuf::from(path);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-agent")))
+        .unwrap_or_else(|| PathBuf::from("sandbox-agent"))
 }

@@ -7,7 +7,17 @@ use crate::functions::CONTRACT;
 use crate::plugin::SandboxPlugin;
 
 /// Capabilities this build serves; grows as operations land.
-pub const FEATURES: &[&str] = &["adapter::info", "worker_token_guard"];
+pub const FEATURES: &[&str] = &[
+    "create",
+    "exec",
+    "stop",
+    "list",
+    "run",
+    "catalog",
+    "idle_reaping",
+    "reconcile",
+    "worker_token_guard",
+];
 
 pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
     let probe = plugin.backend.probe();

@@ -1,0 +1,205 @@
+//! `create`: checks (caps, slots, image), boots the sandbox, waits for its agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_proto::client::AgentClient;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::backend::{Backend, BootSpec};
+use crate::error::SandboxError;
+use crate::images;
+use crate::plugin::SandboxPlugin;
+use crate::registry::{NewSandbox, Sandbox};
+use crate::request::{env_pairs, parse};
+
+/// How long a booted sandbox may take to greet us (a microVM under emulation is slow).
+const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Deserialize)]
+struct CreateRequest {
+    image: String,
+    cpus: Option<u32>,
+    memory_mb: Option<u32>,
+    name: Option<String>,
+    #[serde(default)]
+    network: bool,
+    idle_timeout_secs: Option<u64>,
+    env: Option<Value>,
+}
+
+/// What a new sandbox should be; shared by `create` and `run`.
+#[derive(Debug, Default)]
+pub struct CreateOptions {
+    pub image: String,
+    pub cpus: Option<u32>,
+    pub memory_mb: Option<u32>,
+    pub name: Option<String>,
+    pub network: bool,
+    pub idle_timeout_secs: Option<u64>,
+    pub env: Vec<(String, String)>,
+}
+
+pub async fn create<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    payload: Value,
+) -> Result<Value, SandboxError> {
+    let request: CreateRequest = parse(payload)?;
+    let options = CreateOptions {
+        env: env_pairs(request.env)?,
+        image: request.image,
+        cpus: request.cpus,
+        memory_mb: request.memory_mb,
+        name: request.name,
+        network: request.network,
+        idle_timeout_secs: request.idle_timeout_secs,
+    };
+    let sandbox = create_sandbox(plugin, options).await?;
+    Ok(json!({ "sandbox_id": sandbox.id.to_string(), "image": sandbox.image }))
+}
+
+pub async fn create_sandbox<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    options: CreateOptions,
+) -> Result<Arc<Sandbox>, SandboxError> {
+    let config = &plugin.config;
+    let cpus = options.cpus.unwrap_or(config.default_cpus);
+    let memory_mb = options.memory_mb.unwrap_or(config.default_memory_mb);
+    check_request(&options, cpus, memory_mb)?;
+    check_image_caps(plugin, &options.image, cpus, memory_mb)?;
+    plugin
+        .backend
+        .probe()
+        .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
+    if !plugin.agent_path.is_file() {
+        return Err(SandboxError::BootFailed(format!(
+            "the sandbox agent binary is missing at {} (set SANDBOX_AGENT_PATH)",
+            plugin.agent_path.display()
+        )));
+    }
+
+    let reservation = plugin.registry.reserve()?;
+    let image = plugin
+        .images
+        .ensure(&options.image)
+        .await
+        .map_err(images::error)?;
+    let id = Uuid::new_v4();
+    let layer = plugin
+        .state
+        .create_layer(&id.to_string())
+        .map_err(|e| SandboxError::BootFailed(format!("cannot create the sandbox's layer: {e}")))?;
+    let spec = BootSpec {
+        sandbox_id: id.to_string(),
+        image_root: image.rootfs.clone(),
+        layer_dir: layer.clone(),
+        cpus,
+        memory_mb,
+        network: options.network,
+        agent_path: plugin.agent_path.clone(),
+    };
+    let booted = match plugin.backend.boot(&spec).await {
+        Ok(booted) => booted,
+        Err(e) => {
+            plugin.state.remove_layer(&plugin.backend, &layer);
+            return Err(e);
+        }
+    };
+    if let Some(pid) = booted.process.pid() {
+        plugin.state.record_process(&layer, pid);
+    }
+    let hello = tokio::time::timeout(
+        AGENT_HELLO_TIMEOUT,
+        AgentClient::connect(booted.reader, booted.writer),
+    )
+    .await;
+    let agent = match hello {
+        Ok(Ok(agent)) => agent,
+        failure => {
+            booted.process.kill().await;
+            plugin.state.remove_layer(&plugin.backend, &layer);
+            let cause = match failure {
+                Ok(Err(e)) => e.to_string(),
+                _ => format!("no answer within {} s", AGENT_HELLO_TIMEOUT.as_secs()),
+            };
+            return Err(SandboxError::BootFailed(format!(
+                "the sandbox agent did not start: {cause}"
+            )));
+        }
+    };
+
+    let mut env: Vec<(String, String)> = image
+        .config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    env.extend(options.env);
+    let sandbox = reservation.insert(NewSandbox {
+        id,
+        name: options.name,
+        image: options.image,
+        env,
+        workdir: image.config.working_dir.clone().filter(|w| !w.is_empty()),
+        idle_timeout: Duration::from_secs(
+            options
+                .idle_timeout_secs
+                .unwrap_or(config.default_idle_timeout_secs),
+        ),
+        exec_cap: config.max_concurrent_exec_per_sandbox,
+        agent,
+        process: booted.process,
+        layer,
+    });
+    tracing::info!(sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb, "sandbox created");
+    Ok(sandbox)
+}
+
+fn check_request(options: &CreateOptions, cpus: u32, memory_mb: u32) -> Result<(), SandboxError> {
+    let invalid = |m: &str| Err(SandboxError::InvalidRequest(m.to_string()));
+    if options.image.trim().is_empty() {
+        return invalid("`image` is empty");
+    }
+    if cpus == 0 {
+        return invalid("`cpus` must be at least 1");
+    }
+    if memory_mb < 16 {
+        return invalid("`memory_mb` must be at least 16");
+    }
+    if options.idle_timeout_secs == Some(0) {
+        return invalid("`idle_timeout_secs` must be at least 1");
+    }
+    if options
+        .name
+        .as_deref()
+        .is_some_and(|n| n.is_empty() || n.len() > 128)
+    {
+        return invalid("`name` must be 1 to 128 characters");
+    }
+    Ok(())
+}
+
+fn check_image_caps<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    image: &str,
+    cpus: u32,
+    memory_mb: u32,
+) -> Result<(), SandboxError> {
+    let Some(caps) = plugin.config.per_image_caps.get(image) else {
+        return Ok(());
+    };
+    if let Some(max) = caps.max_cpus.filter(|max| cpus > *max) {
+        return Err(SandboxError::ResourceLimit(format!(
+            "image `{image}` allows at most {max} cpus, asked {cpus}"
+        )));
+    }
+    if let Some(max) = caps.max_memory_mb.filter(|max| memory_mb > *max) {
+        return Err(SandboxError::ResourceLimit(format!(
+            "image `{image}` allows at most {max} MiB of memory, asked {memory_mb}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! `exec`: one program in a live sandbox, with SPEC.md's exec semantics (timeout clamp,
+//! bounded output, S003 past the per-sandbox cap, S200 with the partial output).
+
+use std::sync::Arc;
+
+use agent_proto::client::AgentError;
+use agent_proto::{ExecOutcome, ExecSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::backend::Backend;
+use crate::error::SandboxError;
+use crate::plugin::SandboxPlugin;
+use crate::registry::Sandbox;
+use crate::request::{command, env_pairs, parse, sandbox_id, stdin_bytes};
+
+/// Bytes kept per output stream (SPEC.md: 1 MiB).
+pub const OUTPUT_CAP: usize = 1024 * 1024;
+/// Timeout when the request names none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+
+#[derive(Debug, Deserialize)]
+struct ExecRequest {
+    sandbox_id: String,
+    argv: Option<Vec<String>>,
+    cmd: Option<String>,
+    args: Option<Vec<String>>,
+    stdin: Option<String>,
+    env: Option<Value>,
+    timeout_ms: Option<u64>,
+    workdir: Option<String>,
+}
+
+/// One program to run; shared by `exec` and `run`.
+#[derive(Debug, Default)]
+pub struct ExecInput {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+    pub timeout_ms: Option<u64>,
+    pub workdir: Option<String>,
+}
+
+pub async fn exec<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    payload: Value,
+) -> Result<Value, SandboxError> {
+    let request: ExecRequest = parse(payload)?;
+    let id = sandbox_id(&request.sandbox_id)?;
+    let input = ExecInput {
+        argv: command(request.argv, request.cmd, request.args)?,
+        env: env_pairs(request.env)?,
+        stdin: stdin_bytes(request.stdin.as_deref())?,
+        timeout_ms: request.timeout_ms,
+        workdir: request.workdir,
+    };
+    let (sandbox, _call) = plugin.registry.begin_exec(id)?;
+    run_in(plugin, &sandbox, input).await
+}
+
+/// Runs `input` in `sandbox`; the caller holds the sandbox's exec slot.
+pub async fn run_in<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    sandbox: &Sandbox,
+    input: ExecInput,
+) -> Result<Value, SandboxError> {
+    let timeout_ms = clamp_timeout(input.timeout_ms, plugin.config.max_exec_timeout_ms)?;
+    if let Some(workdir) = &input.workdir {
+        crate::request::guest_path("workdir", workdir)?;
+    }
+    let mut env = sandbox.env.clone();
+    env.extend(input.env);
+    let spec = ExecSpec {
+        argv: input.argv,
+        env,
+        workdir: input.workdir.or_else(|| sandbox.workdir.clone()),
+        stdin: input.stdin,
+        timeout_ms,
+        max_output_bytes: OUTPUT_CAP,
+    };
+    let outcome = sandbox
+        .agent
+        .exec(spec)
+        .await
+        .map_err(|e| agent_failure(sandbox, e))?;
+    let result = result_json(&outcome);
+    if outcome.timed_out {
+        return Err(SandboxError::ExecTimedOut {
+            timeout_ms,
+            partial: result,
+        });
+    }
+    Ok(result)
+}
+
+fn clamp_timeout(requested: Option<u64>, ceiling: u64) -> Result<u64, SandboxError> {
+    match requested {
+        Some(0) => Err(SandboxError::InvalidRequest(
+            "`timeout_ms` must be at least 1".into(),
+        )),
+        Some(ms) => Ok(ms.min(ceiling)),
+        None => Ok(DEFAULT_TIMEOUT_MS.min(ceiling)),
+    }
+}
+
+fn result_json(outcome: &ExecOutcome) -> Value {
+    json!({
+        "stdout": String::from_utf8_lossy(&outcome.stdout),
+        "stderr": String::from_utf8_lossy(&outcome.stderr),
+        "exit_code": outcome.exit_code,
+        "timed_out": outcome.timed_out,
+        "duration_ms": outcome.duration_ms,
+        "success": outcome.exit_code == 0 && !outcome.timed_out,
+        "stdout_truncated": outcome.stdout_truncated,
+        "stderr_truncated": outcome.stderr_truncated,
+    })
+}
+
+/// Maps an agent failure on `sandbox` to the caller's error.
+pub fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError {
+    match error {
+        AgentError::ConnectionLost(cause)
+            if !sandbox.process.is_alive() || sandbox.is_stopped() =>
+        {
+            SandboxError::Stopped(format!(
+                "{} (its sandbox process ended: {cause})",
+                sandbox.id
+            ))
+        }
+        AgentError::Fs(fs) => crate::ops::fs_error(fs),
+        AgentError::Request(refusal) => {
+            SandboxError::InvalidRequest(format!("the agent refused: {refusal}"))
+        }
+        other => SandboxError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_defaults_and_clamps() {
+        assert_eq!(clamp_timeout(None, 300_000).unwrap(), 300_000);
+        assert_eq!(clamp_timeout(None, 1000).unwrap(), 1000);
+        assert_eq!(clamp_timeout(Some(5000), 1000).unwrap(), 1000);
+        assert_eq!(clamp_timeout(Some(10), 1000).unwrap(), 10);
+        assert!(clamp_timeout(Some(0), 1000).is_err());
+    }
+}

@@ -1,0 +1,29 @@
+//! Idle reaping: a sandbox with no call in flight for its idle timeout is stopped and its
+//! state removed. Never while an exec or fs call is in flight (see `Registry::take_idle`).
+
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::ops::stop::teardown;
+use crate::plugin::SandboxPlugin;
+
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+
+/// Runs until the plugin is dropped.
+pub fn spawn<B: Backend>(plugin: Weak<SandboxPlugin<B>>) {
+    tokio::spawn(async move {
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            sweep.tick().await;
+            let Some(plugin) = plugin.upgrade() else {
+                return;
+            };
+            for sandbox in plugin.registry.take_idle(Instant::now()) {
+                tracing::info!(sandbox_id = %sandbox.id, "idle timeout: stopping");
+                let plugin = std::sync::Arc::clone(&plugin);
+                tokio::spawn(async move { teardown(&plugin, sandbox).await });
+            }
+        }
+    });
+}

@@ -1,0 +1,296 @@
+//! The live sandboxes of this adapter: slots against `max_concurrent_sandboxes`, per-sandbox
+//! exec slots, activity for idle reaping, and the ids of stopped sandboxes (so `stop` stays
+//! idempotent and calls on them get S004 instead of S002).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use agent_proto::client::AgentClient;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use crate::backend::SandboxProcess;
+use crate::error::SandboxError;
+
+/// How many stopped ids are remembered; older ones answer S002 like ids never seen.
+const REMEMBERED_STOPPED: usize = 4096;
+
+pub struct Sandbox {
+    pub id: Uuid,
+    pub name: Option<String>,
+    pub image: String,
+    pub created: SystemTime,
+    /// Environment every exec starts from (image config, then the create request).
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<String>,
+    pub idle_timeout: Duration,
+    pub agent: AgentClient,
+    pub process: Box<dyn SandboxProcess>,
+    pub layer: PathBuf,
+    exec_cap: usize,
+    exec_slots: Arc<Semaphore>,
+    calls_in_flight: AtomicUsize,
+    last_activity: Mutex<Instant>,
+    stopped: AtomicBool,
+}
+
+/// Held while an exec or fs call runs: the reaper leaves the sandbox alone meanwhile.
+pub struct CallGuard {
+    sandbox: Arc<Sandbox>,
+    _exec_slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.sandbox.touch();
+        self.sandbox.calls_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub struct NewSandbox {
+    pub id: Uuid,
+    pub name: Option<String>,
+    pub image: String,
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<String>,
+    pub idle_timeout: Duration,
+    pub exec_cap: usize,
+    pub agent: AgentClient,
+    pub process: Box<dyn SandboxProcess>,
+    pub layer: PathBuf,
+}
+
+impl Sandbox {
+    fn new(new: NewSandbox) -> Self {
+        Self {
+            id: new.id,
+            name: new.name,
+            image: new.image,
+            created: SystemTime::now(),
+            env: new.env,
+            workdir: new.workdir,
+            idle_timeout: new.idle_timeout,
+            agent: new.agent,
+            process: new.process,
+            layer: new.layer,
+            exec_cap: new.exec_cap,
+            exec_slots: Arc::new(Semaphore::new(new.exec_cap)),
+            calls_in_flight: AtomicUsize::new(0),
+            last_activity: Mutex::new(Instant::now()),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    fn touch(&self) {
+        *lock(&self.last_activity) = Instant::now();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    pub fn execs_in_flight(&self) -> usize {
+        self.exec_cap - self.exec_slots.available_permits()
+    }
+
+    pub fn exec_slots_free(&self) -> usize {
+        self.exec_slots.available_permits()
+    }
+
+    pub fn exec_cap(&self) -> usize {
+        self.exec_cap
+    }
+
+    /// Idle long enough to be reaped, with no call in flight.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.calls_in_flight.load(Ordering::SeqCst) == 0
+            && now.duration_since(*lock(&self.last_activity)) >= self.idle_timeout
+    }
+
+    /// Starts an exec: takes one of the sandbox's exec slots or fails with S003.
+    fn begin_exec(self: &Arc<Self>) -> Result<CallGuard, SandboxError> {
+        let slot = Arc::clone(&self.exec_slots)
+            .try_acquire_owned()
+            .map_err(|_| SandboxError::ExecLimit {
+                sandbox_id: self.id.to_string(),
+                cap: self.exec_cap,
+            })?;
+        Ok(self.guard(Some(slot)))
+    }
+
+    fn guard(self: &Arc<Self>, slot: Option<OwnedSemaphorePermit>) -> CallGuard {
+        self.calls_in_flight.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        CallGuard {
+            sandbox: Arc::clone(self),
+            _exec_slot: slot,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    live: HashMap<Uuid, Arc<Sandbox>>,
+    /// Creates that hold a slot but have not finished booting.
+    creating: usize,
+    stopped: HashSet<Uuid>,
+    stopped_order: VecDeque<Uuid>,
+}
+
+pub struct Registry {
+    cap: usize,
+    state: Mutex<State>,
+}
+
+/// A slot held by a create in progress; released on drop unless the sandbox was added.
+pub struct Reservation<'a> {
+    registry: &'a Registry,
+    settled: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.registry.state().creating -= 1;
+        }
+    }
+}
+
+impl Reservation<'_> {
+    pub fn insert(mut self, new: NewSandbox) -> Arc<Sandbox> {
+        let sandbox = Arc::new(Sandbox::new(new));
+        let mut state = self.registry.state();
+        state.creating -= 1;
+        state.live.insert(sandbox.id, Arc::clone(&sandbox));
+        self.settled = true;
+        sandbox
+    }
+}
+
+/// What `list` reports about the registry as a whole.
+pub struct Occupancy {
+    pub in_flight: usize,
+    pub cap: usize,
+}
+
+impl Registry {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Takes a slot for a new sandbox, or fails with S400 at `max_concurrent_sandboxes`.
+    pub fn reserve(&self) -> Result<Reservation<'_>, SandboxError> {
+        let mut state = self.state();
+        if state.live.len() + state.creating >= self.cap {
+            return Err(SandboxError::ResourceLimit(format!(
+                "max_concurrent_sandboxes ({}) reached; stop a sandbox first",
+                self.cap
+            )));
+        }
+        state.creating += 1;
+        Ok(Reservation {
+            registry: self,
+            settled: false,
+        })
+    }
+
+    /// A live sandbox, or S004 if it was stopped, or S002 if never seen.
+    fn find(state: &State, id: Uuid) -> Result<Arc<Sandbox>, SandboxError> {
+        if let Some(sandbox) = state.live.get(&id) {
+            return Ok(Arc::clone(sandbox));
+        }
+        if state.stopped.contains(&id) {
+            return Err(SandboxError::Stopped(id.to_string()));
+        }
+        Err(SandboxError::UnknownSandbox(id.to_string()))
+    }
+
+    /// Starts an exec on a live sandbox. Done under the registry lock, so the reaper, which
+    /// checks idleness under the same lock, can never take a sandbox a call is entering.
+    pub fn begin_exec(&self, id: Uuid) -> Result<(Arc<Sandbox>, CallGuard), SandboxError> {
+        let state = self.state();
+        let sandbox = Self::find(&state, id)?;
+        let guard = sandbox.begin_exec()?;
+        Ok((sandbox, guard))
+    }
+
+    /// Takes out every sandbox idle past its timeout with no call in flight.
+    pub fn take_idle(&self, now: Instant) -> Vec<Arc<Sandbox>> {
+        let mut state = self.state();
+        let idle: Vec<Uuid> = state
+            .live
+            .values()
+            .filter(|s| s.is_idle(now))
+            .map(|s| s.id)
+            .collect();
+        let mut taken = Vec::with_capacity(idle.len());
+        for id in idle {
+            if let Some(sandbox) = state.live.remove(&id) {
+                sandbox.stopped.store(true, Ordering::SeqCst);
+                remember_stopped(&mut state, id);
+                taken.push(sandbox);
+            }
+        }
+        taken
+    }
+
+    /// Takes a sandbox out of the live set (the caller then tears it down). `Ok(None)` when it
+    /// was already stopped.
+    pub fn take(&self, id: Uuid, remember: bool) -> Result<Option<Arc<Sandbox>>, SandboxError> {
+        let mut state = self.state();
+        match state.live.remove(&id) {
+            Some(sandbox) => {
+                sandbox.stopped.store(true, Ordering::SeqCst);
+                if remember {
+                    remember_stopped(&mut state, id);
+                }
+                Ok(Some(sandbox))
+            }
+            None if state.stopped.contains(&id) => Ok(None),
+            None => Err(SandboxError::UnknownSandbox(id.to_string())),
+        }
+    }
+
+    pub fn live(&self) -> Vec<Arc<Sandbox>> {
+        let mut sandboxes: Vec<_> = self.state().live.values().cloned().collect();
+        sandboxes.sort_by_key(|s| s.created);
+        sandboxes
+    }
+
+    pub fn occupancy(&self) -> Occupancy {
+        let state = self.state();
+        Occupancy {
+            in_flight: state.live.len() + state.creating,
+            cap: self.cap,
+        }
+    }
+}
+
+fn remember_stopped(state: &mut State, id: Uuid) {
+    if state.stopped.insert(id) {
+        state.stopped_order.push_back(id);
+    }
+    while state.stopped_order.len() > REMEMBERED_STOPPED {
+        if let Some(old) = state.stopped_order.pop_front() {
+            state.stopped.remove(&old);
+        }
+    }
+}
+
+/// A poisoned lock only means another call panicked while holding it; the data (counters,
+/// maps) is still consistent enough to keep serving.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
