@@ -3,6 +3,7 @@
 //! without the SDK.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,6 +56,7 @@ pub struct Client {
     out: mpsc::UnboundedSender<Message>,
     pending: PendingMap,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Value>>,
+    connected: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -87,6 +89,8 @@ impl Client {
         let (inbox_tx, inbox_rx) = mpsc::unbounded_channel();
         let pending: PendingMap = Arc::default();
         let reader_pending = pending.clone();
+        let connected = Arc::new(AtomicBool::new(true));
+        let reader_connected = connected.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -110,6 +114,8 @@ impl Client {
                     },
                 }
             }
+            // Cleared before the inbox closes, so a reader that saw the end sees it here too.
+            reader_connected.store(false, Ordering::SeqCst);
             // Dropping the senders fails every call still waiting.
             reader_pending
                 .lock()
@@ -122,6 +128,7 @@ impl Client {
             out,
             pending,
             inbox: tokio::sync::Mutex::new(inbox_rx),
+            connected,
             task,
         })
     }
@@ -308,7 +315,7 @@ impl Client {
 
     /// Whether the connection is still open.
     pub fn is_connected(&self) -> bool {
-        !self.task.is_finished()
+        self.connected.load(Ordering::SeqCst) && !self.task.is_finished()
     }
 
     /// Closes the connection abruptly (no close handshake), like a crashed worker.
