@@ -21,6 +21,12 @@ pub struct ExecRequest {
 
 /// The end of an exec (frame `ExecExit`), sent after both output streams are drained
 /// (or abandoned at the deadline).
+///
+/// Timing rules: the deadline counts from the spawn. If the program exits but a
+/// background child keeps a pipe open, the agent keeps draining until EOF or the
+/// deadline; at the deadline it kills the group and reports `timed_out: true` with the
+/// program's own `exit_code` and the output read so far. Programs left running in the
+/// background with their output redirected are not killed when the exec ends normally.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecExit {
     /// Exit status; `128 + signal` when killed by a signal; 127 missing program,

@@ -254,3 +254,17 @@ async fn agent_memory_stays_bounded_whatever_the_program_prints() {
         "agent peak RSS grew from {before} kB to {after} kB"
     );
 }
+
+#[tokio::test]
+async fn extreme_limits_do_not_break_the_agent() {
+    let agent = start_agent().await;
+    let mut s = spec(&["echo", "far"]);
+    s.timeout_ms = u64::MAX;
+    let out = run(&agent, s).await;
+    assert_eq!(text(&out.stdout), "far\n");
+
+    let mut s = spec(&["echo", "silent"]);
+    s.max_output_bytes = 0;
+    let out = run(&agent, s).await;
+    assert!(out.stdout.is_empty() && out.stdout_truncated);
+}

@@ -279,3 +279,50 @@ fn an_oversized_frame_ends_the_session_cleanly() {
         .expect("stdout")
         .read_to_end(&mut rest);
 }
+
+#[tokio::test]
+async fn unix_socket_mode_connects_to_the_host() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("agent.sock");
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let mut child = tokio::process::Command::new(agent_bin())
+        .arg("--unix")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent starts");
+    let (stream, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("agent connects")
+        .expect("accept");
+    let (r, w) = stream.into_split();
+    let client = agent_proto::AgentClient::connect(r, w)
+        .await
+        .expect("hello");
+    let out = client
+        .exec(spec(&["echo", "over unix"]))
+        .await
+        .expect("exec");
+    assert_eq!(text(&out.stdout), "over unix\n");
+    client.shutdown().await.expect("shutdown");
+    let status = child.wait().await.expect("exit");
+    assert!(status.success());
+}
+
+#[test]
+fn bad_command_lines_exit_2_with_usage() {
+    for args in [
+        &[][..],
+        &["--vsock-port", "nope"][..],
+        &["--stdio", "extra"][..],
+    ] {
+        let out = std::process::Command::new(agent_bin())
+            .args(args)
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+    }
+}

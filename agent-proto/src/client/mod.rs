@@ -138,7 +138,7 @@ impl AgentClient {
         let result = if spec.timeout_ms == 0 {
             flatten(rx.await)
         } else {
-            let limit = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+            let limit = Duration::from_millis(spec.timeout_ms).saturating_add(EXEC_GRACE);
             match tokio::time::timeout(limit, rx).await {
                 Ok(r) => flatten(r),
                 Err(_) => Err(AgentError::Unresponsive { id }),
@@ -170,8 +170,10 @@ impl AgentClient {
             id,
             kill_on_drop: false,
         };
-        let body = match &op {
-            FsRequest::Write { data, .. } => Some(data.clone()),
+        let mut op = op;
+        // The body travels as Data frames: take it out rather than copy it.
+        let body = match &mut op {
+            FsRequest::Write { data, .. } => Some(std::mem::take(data)),
             _ => None,
         };
         self.send(

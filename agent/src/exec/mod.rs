@@ -92,7 +92,10 @@ fn run(
     if let Some(stdin) = spawned.stdin {
         feed_stdin(id, stdin, stdin_rx);
     }
-    let deadline = (req.timeout_ms > 0).then(|| started + Duration::from_millis(req.timeout_ms));
+    // A deadline too far to represent is no deadline (never a panic on input).
+    let deadline = (req.timeout_ms > 0)
+        .then(|| started.checked_add(Duration::from_millis(req.timeout_ms)))
+        .flatten();
     let args = PumpArgs {
         id,
         pgid: spawned.pid,
