@@ -122,7 +122,7 @@ timeout -k 10 "$LAB_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot \
   -virtfs local,path="$SCRATCH",mount_tag=scratch,security_model=none,id=scratch \
   </dev/null 2>&1 | sed -u -e 's/\r$//' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' \
-  -e '/^SeaBIOS (version/d' -e 's/^Booting from ROM\.\.//' \
+  -e '/^SeaBIOS (version/d' -e '/^Booting from ROM\.*$/d' -e 's/^Booting from ROM\.*//' \
   | grep --line-buffered -v -E 'Unhandled WRMSR|reboot: Power down'
 qemu_rc=${PIPESTATUS[0]}
 set -e

@@ -86,15 +86,30 @@ fn echo_reaches_stdout_and_exit_zero_propagates() {
 }
 
 #[test]
-fn exit_codes_7_and_42_propagate() {
-    let Some((dir, root)) = guest("exit_codes_7_and_42_propagate") else {
+fn exit_codes_7_and_42_propagate_and_console_log_captures() {
+    let Some((dir, root)) = guest("exit_codes_7_and_42_propagate_and_console_log_captures") else {
         return;
     };
+    let console_log = dir.path().join("console.log");
     for code in [7, 42] {
-        let script = format!("exit {code}");
-        let out = run(dir.path(), &spec(&root, "/bin/sh", &["-c", &script]));
+        let script = format!("echo console-line-{code}; exit {code}");
+        let mut vm = spec(&root, "/bin/sh", &["-c", &script]);
+        // The second VM also checks that console_log takes the console away from stdout.
+        if code == 42 {
+            vm["console_log"] = json!(console_log);
+        }
+        let out = run(dir.path(), &vm);
         assert_eq!(out.code, Some(code), "{out:?}");
+        let on_stdout = out
+            .lines()
+            .contains(&format!("console-line-{code}").as_str());
+        assert_eq!(on_stdout, code == 7, "{out:?}");
     }
+    let logged = std::fs::read_to_string(&console_log).unwrap();
+    assert!(
+        logged.lines().any(|l| l.trim_end() == "console-line-42"),
+        "{logged:?}"
+    );
 }
 
 #[test]
