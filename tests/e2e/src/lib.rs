@@ -1,1 +1,348 @@
-//! End-to-end tests through the test engine (see tests/).
+//! The harness of the end-to-end tests: the test engine in process, the real
+//! `sandbox-libkrun` binary as a child process, a real OCI registry with the fixture images.
+//!
+//! Binaries are found next to the test executable's profile directory (`target/<profile>/`),
+//! so run `cargo build --workspace` and `agent/build-static.sh` first (`.ci/run` does). The
+//! static agent comes from `SANDBOX_AGENT_PATH`, else `target/<arch>-unknown-linux-gnu/release/`.
+//! The registry comes from `SANDBOX_TEST_REGISTRY` (`host:port`, fixtures already pushed),
+//! else the harness starts one for the test process and pushes the fixtures itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use iii_test_engine::client::{Client, RemoteError};
+use iii_test_engine::{Engine, EngineHandle};
+use serde_json::{json, Value};
+
+/// The id prefix the adapter serves under in these tests, whatever the plugin.
+pub const PREFIX: &str = "sandbox-libkrun";
+/// Per-call timeout of the test client; generous, since the machines are shared.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `target/<profile>/`, where cargo put the binaries this test was built with.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+fn require(path: PathBuf, hint: &str) -> PathBuf {
+    assert!(path.exists(), "{} is missing: {hint}", path.display());
+    path
+}
+
+pub fn adapter_bin() -> PathBuf {
+    require(
+        profile_dir().join("sandbox-libkrun"),
+        "run `cargo build --workspace` first",
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    Bwrap,
+    Libkrun,
+}
+
+pub fn plugin_path(kind: PluginKind) -> PathBuf {
+    let file = match kind {
+        PluginKind::Bwrap => "libplugin_bwrap.so",
+        PluginKind::Libkrun => "libplugin_libkrun.so",
+    };
+    require(
+        profile_dir().join(file),
+        "run `cargo build --workspace` first",
+    )
+}
+
+pub fn agent_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SANDBOX_AGENT_PATH") {
+        return require(
+            PathBuf::from(path),
+            "SANDBOX_AGENT_PATH names a missing file",
+        );
+    }
+    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    let path = profile_dir()
+        .join("..")
+        .join(target)
+        .join("release")
+        .join("sandbox-agent");
+    require(path, "build the static agent with agent/build-static.sh")
+}
+
+/// The registry holding the fixture images (`host:port`, plain http).
+pub fn registry() -> &'static str {
+    static REGISTRY: OnceLock<String> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        if let Ok(addr) = std::env::var("SANDBOX_TEST_REGISTRY") {
+            return addr;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "sandbox-libkrun-e2e-registry-{}",
+            std::process::id()
+        ));
+        let fixtures = repo_root().join("tests/fixtures");
+        let out = Command::new("bash")
+            .arg(fixtures.join("start-registry.sh"))
+            .arg(&dir)
+            .env("REGISTRY_PARENT_PID", std::process::id().to_string())
+            .output()
+            .expect("run start-registry.sh");
+        assert!(
+            out.status.success(),
+            "start-registry.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let addr = text
+            .split_whitespace()
+            .nth(1)
+            .expect("registry address")
+            .to_string();
+        let pushed = Command::new("bash")
+            .arg(fixtures.join("build-fixtures.sh"))
+            .args([addr.as_str(), "busybox", "python", "node"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run build-fixtures.sh");
+        assert!(pushed.success(), "build-fixtures.sh failed");
+        addr
+    })
+}
+
+/// Image cache shared by every test of the run (images are pulled once, with a file lock).
+pub fn shared_cache_dir() -> PathBuf {
+    std::env::temp_dir().join("sandbox-libkrun-e2e-cache")
+}
+
+/// A configuration that reaches the fixture registry; `extra` keys override.
+pub fn config_with(state_dir: &Path, extra: Value) -> Value {
+    let registry = registry();
+    let mut config = json!({
+        "registry_mirrors": {"docker.io": registry},
+        "insecure_registries": [registry],
+        "image_cache_dir": shared_cache_dir(),
+        "state_dir": state_dir,
+    });
+    if let (Some(base), Value::Object(extra)) = (config.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    config
+}
+
+/// How to start the adapter.
+#[derive(Debug, Clone)]
+pub struct AdapterOptions {
+    pub plugin: PluginKind,
+    /// `--prefix`; `None` serves under the plugin's own adapter name.
+    pub prefix: Option<String>,
+    pub worker_name: String,
+    pub config_name: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for AdapterOptions {
+    fn default() -> Self {
+        Self {
+            plugin: PluginKind::Bwrap,
+            prefix: Some(PREFIX.to_string()),
+            worker_name: "sandbox-libkrun".into(),
+            config_name: "sandbox-libkrun".into(),
+            env: Vec::new(),
+        }
+    }
+}
+
+/// The adapter as a child process; killed when dropped.
+pub struct Adapter {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Adapter {
+    pub fn spawn(engine_url: &str, options: &AdapterOptions) -> Adapter {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("adapter.log");
+        let log_file = std::fs::File::create(&log).expect("adapter log");
+        let mut command = Command::new(adapter_bin());
+        command
+            .arg("--plugin")
+            .arg(plugin_path(options.plugin))
+            .env("III_URL", engine_url)
+            .env("III_WORKER_NAME", &options.worker_name)
+            .env("III_CONFIG_NAME", &options.config_name)
+            .env("SANDBOX_AGENT_PATH", agent_bin())
+            .env("RUST_LOG", "info")
+            .env_remove("III_NAMESPACE")
+            .env_remove("III_SANDBOX_WORKER_TOKEN")
+            .env_remove("III_DISABLE_TRACE_PAYLOADS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        if let Some(prefix) = &options.prefix {
+            command.arg("--prefix").arg(prefix);
+        }
+        for (key, value) in &options.env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("start sandbox-libkrun");
+        Adapter {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the adapter wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for the adapter to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `kill -9`: no chance to clean up.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait: the adapter's orderly shutdown.
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(Duration::from_secs(30))
+    }
+}
+
+impl Drop for Adapter {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.terminate();
+        }
+        if self.is_running() {
+            self.kill9();
+        }
+    }
+}
+
+/// An engine, an adapter serving `sandbox-libkrun::*` through it, and a client.
+pub struct Stack {
+    pub engine: EngineHandle,
+    pub client: Client,
+    pub adapter: Adapter,
+    pub state_dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// Engine seeded with `config` (built by `config_with` over a fresh state directory when
+    /// `None`), adapter started with `options`, ready once `adapter::info` is registered.
+    pub async fn start(extra_config: Value, options: AdapterOptions) -> Stack {
+        let state_dir = tempfile::tempdir().expect("state dir");
+        let config = config_with(state_dir.path(), extra_config);
+        let engine = Engine::with_config(options.config_name.clone(), config)
+            .start("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("start engine");
+        let adapter = Adapter::spawn(&engine.url(), &options);
+        let client = Client::connect(&engine.url()).await.expect("client");
+        let prefix = options
+            .prefix
+            .clone()
+            .unwrap_or_else(|| match options.plugin {
+                PluginKind::Bwrap => "sandbox-bwrap".into(),
+                PluginKind::Libkrun => "sandbox-libkrun".into(),
+            });
+        let ready = client
+            .wait_for_function(
+                &format!("{prefix}::adapter::info"),
+                None,
+                Duration::from_secs(60),
+            )
+            .await;
+        assert!(
+            ready.is_ok(),
+            "adapter did not register: {ready:?}\n{}",
+            adapter.log()
+        );
+        Stack {
+            engine,
+            client,
+            adapter,
+            state_dir,
+        }
+    }
+
+    /// The usual stack: bwrap plugin standing in for `sandbox-libkrun`, default config.
+    pub async fn bwrap() -> Stack {
+        Self::start(json!({}), AdapterOptions::default()).await
+    }
+
+    /// Calls `sandbox-libkrun::<suffix>`.
+    pub async fn call(&self, suffix: &str, payload: Value) -> Result<Value, RemoteError> {
+        self.client
+            .invoke(&format!("{PREFIX}::{suffix}"), payload, CALL_TIMEOUT)
+            .await
+    }
+}
+
+/// The S-code of an error answer (its `code`), checking the body carries the same code.
+pub fn s_code(error: &RemoteError) -> String {
+    let body: Value = serde_json::from_str(&error.message).unwrap_or(Value::Null);
+    if let Some(code) = body.get("code").and_then(Value::as_str) {
+        assert_eq!(
+            code, error.code,
+            "body code and error code differ: {error:?}"
+        );
+    }
+    error.code.clone()
+}
+
+/// The JSON body of an error answer.
+pub fn error_body(error: &RemoteError) -> Value {
+    serde_json::from_str(&error.message).unwrap_or(Value::Null)
+}
+
+/// Whether this host can run the bwrap backend; prints why not when it cannot.
+pub fn bwrap_usable(test: &str) -> bool {
+    let has_bwrap = Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let root = nix::unistd::geteuid().is_root();
+    if !(has_bwrap && root) {
+        println!(
+            "\n*** {test} DID NOT RUN: needs bubblewrap installed and root (bwrap backend) ***\n"
+        );
+    }
+    has_bwrap && root
+}
