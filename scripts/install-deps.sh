@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything the project builds and tests with on a Debian bookworm machine (root).
+# Idempotent: fast when everything is there. Packages come from bookworm, except QEMU
+# (bookworm-backports) and libkrunfw5 (sid), see tests/vm-lab/install.sh.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+if [ "$(id -u)" != 0 ]; then echo "install-deps.sh: run as root (apt-get)" >&2; exit 1; fi
+export DEBIAN_FRONTEND=noninteractive
+
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v file >/dev/null || need+=(file)
+command -v unshare >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "[install-deps] installing ${need[*]} (bookworm)"
+  apt-get update -qq
+  apt-get install -y -qq -t bookworm --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Test images and the local registry (docker-registry, skopeo, umoci, busybox-static, ...).
+bash "$here/tests/fixtures/install.sh"
+# The VM lab: QEMU, initramfs tools, libkrunfw5.
+if [ "${SKIP_VM_LAB:-0}" != 1 ]; then
+  bash "$here/tests/vm-lab/install.sh"
+fi

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's second command: runs every test of the project.
+#   1. the whole workspace's cargo tests (unit, integration, end to end through the test
+#      engine on the bubblewrap plugin), against one local registry with the fixture images;
+#   2. the libkrun microVM tests inside the VM lab (tests/vm-lab/run-tests.sh), where KVM works.
+# Needs what scripts/install-deps.sh installs, and root (the bwrap backend mounts overlays).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+work=$(mktemp -d "${TMPDIR:-/tmp}/sandbox-libkrun-tests.XXXXXX")
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step "build (workspace, static agent)"
+cargo build --workspace --all-targets
+SANDBOX_AGENT_PATH=$(sh agent/build-static.sh)
+export SANDBOX_AGENT_PATH SANDBOX_AGENT_BIN="$SANDBOX_AGENT_PATH"
+
+step "registry with the fixture images"
+read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash tests/fixtures/start-registry.sh "$work/registry")
+trap 'kill $reg_pid 2>/dev/null || true' EXIT
+bash tests/fixtures/build-fixtures.sh "$reg_addr" busybox python node >/dev/null
+export SANDBOX_TEST_REGISTRY=$reg_addr
+
+step "cargo test --workspace"
+cargo test --workspace --no-fail-fast -- --test-threads=2
+
+step "libkrun microVMs in the VM lab"
+if [ "${SKIP_VM_LAB:-0}" = 1 ]; then
+  echo "VM lab tests DID NOT RUN: SKIP_VM_LAB=1"
+else
+  bash tests/vm-lab/run-tests.sh
+fi
