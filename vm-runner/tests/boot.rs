@@ -270,3 +270,52 @@ fn network_off_cannot_reach_host_loopback_and_on_can() {
         }
     }
 }
+
+/// True while `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn runner_dies_with_its_parent() {
+    let Some((dir, root)) = guest("runner_dies_with_its_parent") else {
+        return;
+    };
+    let spec_path = dir.path().join("sleep.json");
+    std::fs::write(&spec_path, spec(&root, "/bin/sleep", &["120"]).to_string()).unwrap();
+    // A shell parent that starts the runner, reports its pid, and waits for it.
+    let mut parent = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("\"$0\" --spec \"$1\" >/dev/null 2>&1 & echo $!; wait")
+        .arg(support::runner())
+        .arg(&spec_path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(parent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let runner: u32 = line.trim().parse().unwrap();
+    // Let the VM come up (the workload sleeps for two minutes), then kill the parent.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        alive(runner),
+        "the runner exited before its parent was killed"
+    );
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    // PR_SET_PDEATHSIG makes this immediate; the deadline only stops a broken runner
+    // from hanging the test until its guest's sleep ends.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while alive(runner) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(runner), "the runner outlived its parent");
+}
