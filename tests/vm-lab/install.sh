@@ -14,6 +14,7 @@ from_backports() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null | grep -q '~bp
 
 if [ "$(id -u)" != 0 ]; then echo "install.sh: run as root (apt-get)" >&2; exit 1; fi
 export DEBIAN_FRONTEND=noninteractive
+trap 'echo "[vm-lab install] FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 need_update=
 backports_list=/etc/apt/sources.list.d/sandbox-libkrun-backports.sources

@@ -26,8 +26,8 @@ done
 
 LAB_TIMEOUT=${LAB_TIMEOUT:-900}; LAB_MEM=${LAB_MEM:-2048}; LAB_SMP=${LAB_SMP:-2}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab
-t0=$(date +%s.%N)
-log() { printf '[vm-lab +%.1fs] %s\n' "$(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo 0)" "$*" >&2; }
+t0=$(date +%s%N)
+log() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '[vm-lab +%d.%ds] %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$*" >&2; }
 mkdir -p "$CACHE"
 
 # --- 1. kernel: Debian's current linux-image-*-amd64, extracted, never installed ----------
@@ -43,10 +43,15 @@ if [ ! -d "$KDIR/boot" ]; then
   dl=$(mktemp -d); trap 'rm -rf "$dl"' EXIT
   (cd "$dl" && apt-get download "$KPKG" >/dev/null 2>&1) \
     || { echo "lab.sh: apt-get download $KPKG failed" >&2; exit 97; }
-  rm -rf "$KDIR.tmp" && dpkg-deb -x "$dl"/"$KPKG"_*.deb "$KDIR.tmp"
-  KV=$(ls "$KDIR.tmp/lib/modules" | head -1)
-  depmod -b "$KDIR.tmp" "$KV"
-  mv "$KDIR.tmp" "$KDIR"; rm -rf "$dl"; trap - EXIT
+  ktmp=$KDIR.tmp.$$
+  dpkg-deb -x "$dl"/"$KPKG"_*.deb "$ktmp"
+  KV=$(ls "$ktmp/lib/modules" | head -1)
+  depmod -b "$ktmp" "$KV"
+  mv "$ktmp" "$KDIR" 2>/dev/null || rm -rf "$ktmp"   # another run may have won the race
+  rm -rf "$dl"; trap - EXIT
+  # Older kernels (and their initramfs) are never used again.
+  for old in "$CACHE"/kernel-*; do [ "$old" = "$KDIR" ] || rm -rf "$old"; done
+  rm -f "$CACHE"/initrd-*.img
 fi
 KVER=$(ls "$KDIR/lib/modules" | head -1)
 
@@ -92,8 +97,8 @@ if [ ! -f "$INITRD" ]; then
   cp "$KDIR/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$IR/lib/modules/$KVER/"
   depmod -b "$IR" "$KVER"
   printf '%s\n' "$GUEST_INIT" > "$IR/init"; chmod +x "$IR/init"
-  (cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$INITRD.tmp"
-  mv "$INITRD.tmp" "$INITRD"; rm -rf "$IR"; trap - EXIT
+  (cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$INITRD.$$"
+  mv "$INITRD.$$" "$INITRD"; rm -rf "$IR"; trap - EXIT
 fi
 
 # --- 3. the command, written where the guest finds it -------------------------------------

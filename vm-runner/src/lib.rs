@@ -14,6 +14,22 @@
 //! | [`launch`] | configure libkrun from a specification and boot |
 //! | `krun`, `firmware` | the only `unsafe`: libkrun calls, loading libkrunfw |
 //!
+//! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
+//!
+//! ```json
+//! {"vcpus": 1, "memory_mib": 512, "root": "/abs/rootfs",
+//!  "shares": [{"tag": "work", "host_path": "/abs/dir", "guest_path": "/work", "read_only": false}],
+//!  "vsock": [{"port": 1024, "socket": "/abs/agent.sock", "direction": "guest-listens"}],
+//!  "workload": "/sbin/agent", "argv": ["--flag", "a \"quoted\" arg"], "env": {"K": "v"},
+//!  "workdir": "/", "console_log": "/abs/console.log", "network": false}
+//! ```
+//!
+//! `argv` follows `workload` (which is argv\[0\]). Arguments, environment and shares reach
+//! the guest through a launch file read by a static init shim (`guest/vm-init.c`) that
+//! libkrun's own init starts, never through the kernel command line. `network: false`
+//! (default) removes libkrun's TSI, so the guest has only its own loopback; vsock bridges
+//! still work. The guest gets `PATH` and `HOME=/root` unless `env` sets them.
+//!
 //! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
 //! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
 
