@@ -192,7 +192,7 @@ impl Client {
         namespace: Option<&str>,
         timeout: Duration,
     ) -> Result<(), RemoteError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut query = json!({ "function_id": function_id });
         if let Some(namespace) = namespace {
             query["namespace"] = json!(namespace);
@@ -303,7 +303,7 @@ impl Client {
 
     /// Waits for the next message of `type`, skipping others.
     pub async fn next_of_type(&self, kind: &str, timeout: Duration) -> Option<Value> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let message = self.next_message(left).await?;
@@ -371,6 +371,13 @@ fn outcome_of(message: &Value) -> Result<Value, RemoteError> {
         }
         None => Ok(message.get("result").cloned().unwrap_or(Value::Null)),
     }
+}
+
+/// `now + timeout`, saturating: `Duration::MAX` means "no deadline" rather than a panic.
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 fn disconnected() -> RemoteError {
