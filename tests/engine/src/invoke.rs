@@ -29,10 +29,13 @@ pub fn invoke(state: &mut State, caller: &str, call: Call, mut raw: Value) {
         }
     };
 
-    let data = raw.get("data").cloned().unwrap_or(Value::Null);
-    if let Some(outcome) = builtins::call(state, caller, &function_id, data) {
-        reply(state, outcome);
-        return;
+    if builtins::is_builtin(&function_id) {
+        // Built-ins consume the data; forwarded calls keep the frame untouched.
+        let data = raw.get_mut("data").map(Value::take).unwrap_or(Value::Null);
+        if let Some(outcome) = builtins::call(state, caller, &function_id, data) {
+            reply(state, outcome);
+            return;
+        }
     }
 
     let namespace = namespace.unwrap_or_else(|| wire::DEFAULT_NAMESPACE.to_string());

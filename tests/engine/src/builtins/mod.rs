@@ -34,6 +34,10 @@ pub const BUILTINS: &[(&str, &str)] = &[
     ),
 ];
 
+pub fn is_builtin(function_id: &str) -> bool {
+    BUILTINS.iter().any(|(id, _)| *id == function_id)
+}
+
 /// Runs the built-in `function_id` for `caller`; `None` when no built-in has that id.
 pub fn call(
     state: &mut State,
@@ -60,4 +64,22 @@ fn input<T: DeserializeOwned>(function_id: &str, data: Value) -> Result<T, Error
     let data = if data.is_null() { json!({}) } else { data };
     serde_json::from_value(data)
         .map_err(|e| ErrorBody::new("INVALID_ARGUMENTS", format!("{function_id}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_builtin_is_served_and_nothing_else() {
+        let mut state = State::default();
+        for (id, _) in BUILTINS {
+            assert!(
+                call(&mut state, "w", id, Value::Null).is_some(),
+                "{id} not served"
+            );
+        }
+        assert!(call(&mut state, "w", "engine::nope", Value::Null).is_none());
+        assert!(!is_builtin("engine::nope"));
+    }
 }
