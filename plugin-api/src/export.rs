@@ -63,6 +63,7 @@ pub fn init_entry(config: RStr<'_>, init: InitFn) -> RResult<InstanceBox, RStrin
 }
 
 fn init_instance(config: &str, init: InitFn) -> Result<Instance, String> {
+    init_logging();
     let config: Value =
         serde_json::from_str(config).map_err(|e| format!("configuration is not JSON: {e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,6 +80,18 @@ fn init_instance(config: &str, init: InitFn) -> Result<Instance, String> {
         runtime: Mutex::new(Some(runtime)),
         plugin,
     })
+}
+
+/// A cdylib has its own copy of `tracing`'s global dispatcher: without a subscriber of its own,
+/// everything the plugin logs would vanish. Same format, filter (`RUST_LOG`) and stream
+/// (stderr) as the shell's.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 struct Instance {
