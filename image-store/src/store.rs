@@ -294,6 +294,7 @@ impl ImageStore {
             .map(|b| b.1)
             .sum();
         progress.started(oci_ref, blobs.len(), total, cached);
+        let t0 = std::time::Instant::now();
 
         // Futures built up front: a closure inside the stream type trips the compiler's
         // higher-ranked lifetime check when the whole future must be Send.
@@ -305,6 +306,7 @@ impl ImageStore {
             .buffer_unordered(PARALLEL_DOWNLOADS)
             .try_collect::<Vec<()>>()
             .await?;
+        tracing::debug!(ms = t0.elapsed().as_millis() as u64, "blobs ready");
 
         let guard = TmpPath(cache.new_tmp_root(&r.manifest_digest));
         let tmp_root = guard.0.clone();
@@ -337,6 +339,7 @@ impl ImageStore {
         let rootfs = tmp_root.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(io_err(&rootfs))?;
         for (index, ((blob, _), diff_id)) in blobs.iter().zip(diff_ids).enumerate() {
+            let t0 = std::time::Instant::now();
             progress.unpacking(index, blobs.len());
             let (root, path, diff) = (
                 rootfs.clone(),
@@ -352,6 +355,7 @@ impl ImageStore {
                     index,
                     entries = s.entries,
                     bytes = s.uncompressed_bytes,
+                    ms = t0.elapsed().as_millis() as u64,
                     "layer applied"
                 ),
                 Err(source) => {

@@ -124,6 +124,10 @@ fn skopeo_umoci(addr: &str, image: &str, work: &Path) -> Result<Duration> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     let reg = match &args.registry {
         Some(a) => Registry {
@@ -141,6 +145,9 @@ async fn main() -> Result<()> {
     let (mut cold, mut theirs, mut fresh_lookup) = (Vec::new(), Vec::new(), Vec::new());
     let mut warm = Duration::ZERO;
     const LOOKUPS: u32 = 1000;
+    // Work trees are deleted only at the end: ext4 makes file creation slow right after mass
+    // deletion (it scans recently freed inodes), which would penalise whichever method runs next.
+    let mut keep = Vec::new();
     for run in 0..runs {
         let work = tempfile::tempdir()?;
         // Ours, cold: empty cache, new store, pull + unpack.
@@ -167,7 +174,9 @@ async fn main() -> Result<()> {
         if have_skopeo {
             let w = tempfile::tempdir()?;
             theirs.push(skopeo_umoci(&reg.addr, &args.image, w.path())?);
+            keep.push(w);
         }
+        keep.push(work);
     }
     let ours = median(cold);
     println!(

@@ -85,6 +85,7 @@ pub fn apply_layer<R: io::Read + 'static>(
         written: HashSet::new(),
         // SAFETY: geteuid has no preconditions and cannot fail.
         chown: unsafe { libc::geteuid() } == 0,
+        parent_cache: None,
     };
     for item in archive.entries().map_err(UnpackError::Read)? {
         let mut e = item.map_err(UnpackError::Read)?;
@@ -109,9 +110,23 @@ struct Layer<'a> {
     /// Paths written by this layer, so an opaque marker spares them.
     written: HashSet<PathBuf>,
     chown: bool,
+    /// The last resolved parent (entries come grouped by directory, so this saves a
+    /// resolution per file); dropped by every entry that could change a resolution.
+    parent_cache: Option<(Vec<OsString>, PathBuf)>,
 }
 
 impl Layer<'_> {
+    fn parent_dir(&mut self, comps: &[OsString]) -> Result<PathBuf, UnpackError> {
+        if let Some((cached, path)) = &self.parent_cache {
+            if cached.as_slice() == comps {
+                return Ok(path.clone());
+            }
+        }
+        let path = resolve::resolve_dir(self.root, comps, true)?;
+        self.parent_cache = Some((comps.to_vec(), path.clone()));
+        Ok(path)
+    }
+
     /// Applies one entry; returns true for a whiteout.
     fn apply<R: io::Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<bool, UnpackError> {
         let name = e.path().map_err(UnpackError::Read)?.into_owned();
@@ -119,8 +134,17 @@ impl Layer<'_> {
         let Some(last) = comps.pop() else {
             return Ok(false); // the root itself ("./"): keep our root's own metadata
         };
-        let parent = resolve::resolve_dir(self.root, &comps, true)?;
+        let parent = self.parent_dir(&comps)?;
+        let kind = e.header().entry_type();
+        if !matches!(kind, EntryType::Regular | EntryType::Continuous) {
+            // Only a regular file can never turn a directory on the cached path into a
+            // symlink (symlinks and hard links to symlinks could), so anything else drops it.
+            self.parent_cache = None;
+        }
         let last_str = last.to_string_lossy();
+        if last_str.starts_with(WHITEOUT_PREFIX) {
+            self.parent_cache = None; // removals may delete a cached directory
+        }
         if last_str == OPAQUE {
             entry::clear_opaque(&parent, &self.written)
                 .map_err(|source| write_err(&parent, source))?;
@@ -144,7 +168,6 @@ impl Layer<'_> {
             mtime: h.mtime().unwrap_or(0),
             chown: self.chown,
         };
-        let kind = h.entry_type();
         let result = match kind {
             EntryType::Directory => entry::write_dir(&path, &meta),
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {

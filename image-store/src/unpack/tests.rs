@@ -234,3 +234,78 @@ fn zstd_layer_applies_with_its_diff_id() {
     assert_eq!(stats.compression, Some(Compression::Zstd));
     assert_eq!(fs::read(root.join("z")).unwrap(), b"zstd");
 }
+
+/// Cheap in-tree fuzzing: mutated layers may fail but never panic or write outside the root.
+#[test]
+fn mutated_layers_never_escape_or_panic() {
+    let base = T::new()
+        .dir("etc/")
+        .file("etc/motd", b"hello")
+        .sym("lib", "usr/lib")
+        .file("lib/x", b"x")
+        .hard("etc/h", "etc/motd")
+        .file("opt/.wh..wh..opq", b"")
+        .done();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..300 {
+        let (tmp, root) = setup();
+        let mut data = base.clone();
+        let headers = header_offsets(&data);
+        for _ in 0..(next() % 8 + 1) {
+            // Mutate a name or link name (bytes 0..100, 157..257), then fix the checksum so
+            // the entry reaches the unpacker instead of failing the tar checksum.
+            let h = headers[(next() as usize) % headers.len()];
+            let field = if next() % 2 == 0 { 0 } else { 157 };
+            let i = h + field + (next() as usize) % 24;
+            data[i] = match next() % 4 {
+                0 => b'/',
+                1 => b'.',
+                2 => 0,
+                _ => next() as u8,
+            };
+            fix_checksum(&mut data[h..h + 512]);
+        }
+        let _ = apply_layer(
+            &root,
+            BufReader::new(Cursor::new(data.clone())),
+            &Digest::of(&data),
+        );
+        let names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("root")],
+            "escaped with {data:?}"
+        );
+    }
+}
+
+fn header_offsets(tar: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 512 <= tar.len() && tar[off] != 0 {
+        out.push(off);
+        let size_field = std::str::from_utf8(&tar[off + 124..off + 135]).unwrap();
+        let size =
+            usize::from_str_radix(size_field.trim_matches(|c: char| c == '\0' || c == ' '), 8)
+                .unwrap();
+        off += 512 + size.div_ceil(512) * 512;
+    }
+    out
+}
+
+fn fix_checksum(h: &mut [u8]) {
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|b| *b as u32).sum();
+    let text = format!("{sum:06o}\0 ");
+    h[148..156].copy_from_slice(text.as_bytes());
+}
