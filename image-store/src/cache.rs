@@ -17,6 +17,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +36,9 @@ pub struct RootRecord {
 pub struct Cache {
     base: PathBuf,
 }
+
+/// Leftovers older than this belong to no live pull.
+const STALE_AFTER: Duration = Duration::from_secs(6 * 3600);
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
@@ -56,7 +60,49 @@ impl Cache {
         for sub in ["blobs/sha256", "blobs/tmp", "roots", "refs", "locks"] {
             fs::create_dir_all(base.join(sub))?;
         }
-        Ok(Cache { base })
+        let cache = Cache { base };
+        cache.remove_abandoned(STALE_AFTER);
+        Ok(cache)
+    }
+
+    /// Removes temporary files and roots left by pulls that died long ago (a crash, a kill):
+    /// old enough that no live pull can still own them. Recent ones are left to their owner
+    /// (or, for roots, to the next pull of that image, which cleans them under its lock).
+    pub fn remove_abandoned(&self, older_than: Duration) {
+        let stale = |p: &Path| {
+            fs::symlink_metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= older_than)
+        };
+        let dirs = [
+            (self.base.join("blobs/tmp"), ""),
+            (self.base.join("roots"), ".tmp-"),
+            (self.base.join("refs"), ".tmp-"),
+        ];
+        for (dir, prefix) in dirs {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                let path = e.path();
+                if !e.file_name().to_string_lossy().starts_with(prefix) || !stale(&path) {
+                    continue;
+                }
+                let res = if path.is_dir() {
+                    fs::remove_dir_all(&path)
+                } else {
+                    fs::remove_file(&path)
+                };
+                match res {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "removed abandoned pull leftover")
+                    }
+                    Err(err) => {
+                        tracing::warn!(path = %path.display(), %err, "could not remove leftover")
+                    }
+                }
+            }
+        }
     }
 
     pub fn base(&self) -> &Path {
@@ -169,6 +215,19 @@ mod tests {
         c.clean_tmp_roots(&d);
         assert!(!stale.exists());
         assert!(c.lookup_ref("r").is_none());
+        // Abandoned leftovers go; finished roots stay.
+        let partial = c.tmp_blob_path();
+        fs::write(&partial, b"half").unwrap();
+        let orphan = c.new_tmp_root(&Digest::of(b"other"));
+        fs::create_dir_all(orphan.join("rootfs")).unwrap();
+        c.remove_abandoned(Duration::from_secs(3600));
+        assert!(
+            partial.exists() && orphan.exists(),
+            "recent leftovers may belong to a live pull"
+        );
+        c.remove_abandoned(Duration::ZERO);
+        assert!(!partial.exists() && !orphan.exists());
+        assert!(c.read_root(&d).is_some());
         c.record_ref("r", &d).unwrap();
         assert_eq!(c.lookup_ref("r").unwrap().0, d);
     }

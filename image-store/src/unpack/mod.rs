@@ -4,6 +4,7 @@
 
 mod decompress;
 mod entry;
+mod pax;
 mod resolve;
 
 use std::collections::HashSet;
@@ -159,12 +160,13 @@ impl Layer<'_> {
             return Ok(true);
         }
         let path = parent.join(&last);
+        let pax = pax::read(e).map_err(UnpackError::Read)?;
         let h = e.header();
         let meta = Meta {
             mode: h.mode().map_err(UnpackError::Read)?,
             // Empty numeric fields read as 0, as Go's archive/tar (which wrote most layers) does.
-            uid: h.uid().unwrap_or(0),
-            gid: h.gid().unwrap_or(0),
+            uid: pax.uid.unwrap_or_else(|| h.uid().unwrap_or(0)),
+            gid: pax.gid.unwrap_or_else(|| h.gid().unwrap_or(0)),
             mtime: h.mtime().unwrap_or(0),
             chown: self.chown,
         };
@@ -198,6 +200,7 @@ impl Layer<'_> {
             }
         };
         result.map_err(|source| write_err(&path, source))?;
+        pax::apply_xattrs(&path, &pax.xattrs);
         self.written.insert(path);
         Ok(false)
     }

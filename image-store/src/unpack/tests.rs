@@ -309,3 +309,42 @@ fn fix_checksum(h: &mut [u8]) {
     let text = format!("{sum:06o}\0 ");
     h[148..156].copy_from_slice(text.as_bytes());
 }
+
+#[test]
+fn pax_xattrs_and_large_ids_are_applied() {
+    let (_t, root) = setup();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_pax_extensions([
+        ("SCHILY.xattr.user.note", &b"kept"[..]),
+        ("uid", &b"3000000"[..]),
+    ])
+    .unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_path("f").unwrap();
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append(&h, &b"x"[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    apply(&root, &tar).unwrap();
+    let path = std::ffi::CString::new(root.join("f").as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 16];
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            c"user.note".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        println!("NOTE: file system without user xattrs; xattr not checked");
+    } else {
+        assert_eq!(&buf[..n as usize], b"kept");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(fs::metadata(root.join("f")).unwrap().uid(), 3_000_000);
+    }
+}
