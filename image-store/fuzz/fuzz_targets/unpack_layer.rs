@@ -14,9 +14,17 @@ fuzz_target!(|data: &[u8]| {
     if std::fs::create_dir(&root).is_err() {
         return;
     }
-    let _ = apply_layer(&root, BufReader::new(Cursor::new(data.to_vec())), &Digest::of(data));
+    let _ = apply_layer(
+        &root,
+        BufReader::new(Cursor::new(data.to_vec())),
+        &Digest::of(data),
+    );
     let outside: Vec<_> = std::fs::read_dir(dir.path())
         .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert_eq!(outside, vec![std::ffi::OsString::from("root")], "wrote outside the root");
+    assert_eq!(
+        outside,
+        vec![std::ffi::OsString::from("root")],
+        "wrote outside the root"
+    );
 });
