@@ -18,6 +18,7 @@ const FIXTURES: &[&str] = &[
     "whiteout",
     "zstd",
     "docker",
+    "dockerlist",
     "python",
 ];
 const CUSTOM: &[(&str, &str)] = &[
@@ -26,6 +27,7 @@ const CUSTOM: &[(&str, &str)] = &[
     ("whiteout", "fixtures/whiteout:latest"),
     ("zstd", "fixtures/zstd:latest"),
     ("docker", "fixtures/docker:latest"),
+    ("dockerlist", "fixtures/dockerlist:latest"),
 ];
 
 /// One registry per test binary, with every fixture pushed once.
@@ -40,6 +42,14 @@ fn registry() -> &'static RealRegistry {
 
 fn store(cache: &Path) -> ImageStore {
     ImageStore::new(settings(cache, &registry().addr, CUSTOM)).unwrap()
+}
+
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
 }
 
 fn read(root: &Path, p: &str) -> String {
@@ -83,12 +93,10 @@ async fn multiarch_index_selects_this_host_and_skips_attestations() {
         .ensure("multiarch")
         .await
         .expect("multiarch pull");
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    assert_eq!(read(&p.rootfs, "etc/arch"), format!("linux/{arch}\n"));
+    assert_eq!(
+        read(&p.rootfs, "etc/arch"),
+        format!("linux/{}\n", host_arch())
+    );
     assert_ne!(
         p.manifest_digest,
         real_registry::fixture_digest("multiarch"),
@@ -103,7 +111,7 @@ async fn zstd_and_docker_media_types_unpack() {
     }
     let cache = tempfile::tempdir().unwrap();
     let s = store(cache.path());
-    for name in ["zstd", "docker"] {
+    for name in ["zstd", "docker", "dockerlist"] {
         let p = s
             .ensure(name)
             .await
@@ -111,6 +119,11 @@ async fn zstd_and_docker_media_types_unpack() {
         assert_eq!(
             read(&p.rootfs, "etc/motd"),
             "hello from busybox\n",
+            "{name}"
+        );
+        assert_eq!(
+            read(&p.rootfs, "etc/arch"),
+            format!("linux/{}\n", host_arch()),
             "{name}"
         );
     }
