@@ -166,3 +166,74 @@ async fn symlink_escape_stays_inside_root() {
     assert!(inside.join("pwned").is_file() && inside.join("pwned2").is_file());
     assert_cache_consistent(cache.path());
 }
+
+/// A pull cancelled mid-download (the caller went away) leaves nothing a later create would
+/// trust, and the next pull succeeds.
+#[tokio::test]
+async fn cancelled_pull_leaves_nothing_trusted() {
+    let (reg, cache, store) = setup("t/img").await;
+    reg.put("t/img", "1", &good_image("v1"));
+    reg.set_fault(Fault::Stall);
+    let s = store.clone();
+    let task = tokio::spawn(async move { s.ensure("img").await });
+    // Wait until a layer download has started, then cancel.
+    for _ in 0..200 {
+        if !list(&cache.path().join("images/blobs/tmp")).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    assert_cache_consistent(cache.path());
+    assert!(!store
+        .catalog()
+        .iter()
+        .any(|e| e.name == "img" && e.installed));
+    reg.set_fault(Fault::None);
+    let p = store
+        .ensure("img")
+        .await
+        .expect("pull after the cancelled one");
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v1");
+    assert_cache_consistent(cache.path());
+}
+
+/// The Docker token flow (401 + Bearer challenge, token from Basic credentials): good
+/// credentials from the Docker config pull; bad or missing ones are S102 naming the 401.
+#[tokio::test]
+async fn bearer_token_challenge_with_good_and_bad_credentials() {
+    let reg = FakeRegistry::start().await;
+    reg.put("t/img", "1", &good_image("tok"));
+    reg.require_bearer("robot", "token-pw");
+    let dir = tempfile::tempdir().unwrap();
+    let store_with = |user: &str, pw: &str, tag: &str| {
+        let cfg = dir.path().join(format!("{tag}.json"));
+        std::fs::write(
+            &cfg,
+            serde_json::json!({"auths": {reg.addr.clone(): {"username": user, "password": pw}}})
+                .to_string(),
+        )
+        .unwrap();
+        let mut s = settings(&dir.path().join(tag), &reg.addr, &[("img", "t/img:1")]);
+        s.docker_config = Some(cfg);
+        ImageStore::new(s).unwrap()
+    };
+    let p = store_with("robot", "token-pw", "good")
+        .ensure("img")
+        .await
+        .expect("token flow");
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"tok");
+    for (user, pw, tag) in [("robot", "nope", "bad"), ("", "", "anon")] {
+        let err = store_with(user, pw, tag)
+            .ensure("img")
+            .await
+            .expect_err("must be refused");
+        assert_eq!(err.code(), "S102");
+        let text = format!("{err} {err:?}");
+        assert!(
+            text.contains("401") || text.to_lowercase().contains("unauthorized"),
+            "{text}"
+        );
+    }
+}

@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+
+use futures::StreamExt;
 
 use super::oci::Image;
 
@@ -24,6 +26,8 @@ pub enum Fault {
     Error500,
     /// Layer blobs stream half their bytes and then the connection breaks.
     AbortMidStream,
+    /// Layer blobs stream half their bytes and then hang (never finish).
+    Stall,
 }
 
 #[derive(Default)]
@@ -33,7 +37,11 @@ struct Inner {
     layers: std::collections::HashSet<String>,
     fault: Option<Fault>,
     counts: HashMap<String, usize>,
+    /// When set, the registry demands a Bearer token issued by `/token` for these credentials.
+    bearer: Option<(String, String)>,
 }
+
+const TOKEN: &str = "fake-token-for-tests";
 
 #[derive(Clone, Default)]
 pub struct FakeRegistry {
@@ -52,7 +60,8 @@ impl FakeRegistry {
             addr,
         };
         let app = Router::new()
-            .route("/v2/", get(|| async { "{}" }))
+            .route("/v2/", get(root))
+            .route("/token", get(token))
             .route("/v2/{*rest}", get(serve).head(serve))
             .with_state(reg.clone());
         tokio::spawn(async move {
@@ -74,6 +83,11 @@ impl FakeRegistry {
         g.layers.extend(image.layer_digests.iter().cloned());
     }
 
+    /// Requires the Docker token flow with these Basic credentials from now on.
+    pub fn require_bearer(&self, user: &str, password: &str) {
+        self.inner.lock().unwrap().bearer = Some((user.to_string(), password.to_string()));
+    }
+
     pub fn set_fault(&self, f: Fault) {
         self.inner.lock().unwrap().fault = Some(f);
     }
@@ -89,13 +103,66 @@ impl FakeRegistry {
     }
 }
 
+fn challenge(reg: &FakeRegistry) -> Response {
+    let realm = format!(
+        "Bearer realm=\"http://{}/token\",service=\"fake\"",
+        reg.addr
+    );
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, realm)],
+        "unauthorized",
+    )
+        .into_response()
+}
+
+fn bearer_ok(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {TOKEN}"))
+}
+
+async fn root(State(reg): State<FakeRegistry>, headers: HeaderMap) -> Response {
+    let needs = reg.inner.lock().unwrap().bearer.is_some();
+    if needs && !bearer_ok(&headers) {
+        return challenge(&reg);
+    }
+    "{}".into_response()
+}
+
+/// The token endpoint: checks Basic credentials, hands out a fixed token.
+async fn token(State(reg): State<FakeRegistry>, headers: HeaderMap) -> Response {
+    use base64::Engine as _;
+    let want = reg.inner.lock().unwrap().bearer.clone();
+    let Some((user, pw)) = want else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"))
+    );
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if given != Some(expected.as_str()) {
+        return (StatusCode::UNAUTHORIZED, "bad credentials").into_response();
+    }
+    axum::Json(serde_json::json!({"token": TOKEN, "expires_in": 300})).into_response()
+}
+
 async fn serve(
     State(reg): State<FakeRegistry>,
     method: Method,
+    headers: HeaderMap,
     Path(rest): Path<String>,
 ) -> Response {
     let mut g = reg.inner.lock().unwrap();
     *g.counts.entry(format!("{method} {rest}")).or_default() += 1;
+    if g.bearer.is_some() && !bearer_ok(&headers) {
+        drop(g);
+        return challenge(&reg);
+    }
     if let Some((repo, reference)) = rest.split_once("/manifests/") {
         return match g.manifests.get(&format!("{repo}:{reference}")) {
             Some(m) => (
@@ -150,6 +217,16 @@ async fn serve(
                 vec![Ok(half), Err(std::io::Error::other("connection dropped"))];
             let body = Body::from_stream(futures::stream::iter(chunks));
             ([(header::CONTENT_LENGTH, len.to_string())], body).into_response()
+        }
+        Fault::Stall => {
+            let len = blob.len();
+            let half: Result<Vec<u8>, std::io::Error> = Ok(blob[..len / 2].to_vec());
+            let stream = futures::stream::iter([half]).chain(futures::stream::pending());
+            (
+                [(header::CONTENT_LENGTH, len.to_string())],
+                Body::from_stream(stream),
+            )
+                .into_response()
         }
     }
 }
