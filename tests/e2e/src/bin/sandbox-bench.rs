@@ -1,0 +1,465 @@
+//! `sandbox-bench`: what a sandbox costs through the engine on the bwrap plugin, against
+//! baselines measured in the same run (bare `bwrap`, host spawns, the agent spoken to
+//! directly). Prints one table of medians with ratios and breakdowns. Not a test: it asserts
+//! nothing about speed.
+//!
+//! Usage: `sandbox-bench [ITERATIONS]` (default 20), after `cargo build` of the adapter and
+//! `plugin-bwrap` in the same profile; needs root and bubblewrap. The static agent comes from
+//! `SANDBOX_AGENT_PATH`, else `<target>/<arch>-unknown-linux-gnu/release/sandbox-agent`.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_proto::client::AgentClient;
+use agent_proto::ExecSpec;
+use e2e_tests::{config_with, shared_cache_dir, Client, PREFIX};
+use iii_test_engine::{Engine, EngineHandle};
+use serde_json::{json, Value};
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+const PARALLEL: usize = 32;
+const AGENT_IN_SANDBOX: &str = "/.iii-agent";
+
+type BenchResult<T> = Result<T, String>;
+
+fn main() {
+    let iterations = std::env::args()
+        .nth(1)
+        .map(|n| n.parse::<usize>())
+        .transpose()
+        .ok()
+        .flatten()
+        .unwrap_or(20)
+        .max(1);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    if let Err(e) = runtime.block_on(bench(iterations)) {
+        eprintln!("sandbox-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Where cargo put this binary, the adapter and the plugin.
+fn profile_dir() -> BenchResult<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
+    exe.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| "no profile directory".into())
+}
+
+fn existing(path: PathBuf, hint: &str) -> BenchResult<PathBuf> {
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!("{} is missing: {hint}", path.display()))
+    }
+}
+
+fn agent_path(profile: &Path) -> BenchResult<PathBuf> {
+    if let Some(path) = std::env::var_os("SANDBOX_AGENT_PATH") {
+        return existing(
+            PathBuf::from(path),
+            "SANDBOX_AGENT_PATH names a missing file",
+        );
+    }
+    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    existing(
+        profile
+            .join("..")
+            .join(target)
+            .join("release/sandbox-agent"),
+        "build it with agent/build-static.sh or set SANDBOX_AGENT_PATH",
+    )
+}
+
+/// Engine in process, adapter as a child, one client.
+struct Stack {
+    _engine: EngineHandle,
+    client: Client,
+    adapter: Child,
+    _state: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start(profile: &Path, agent: &Path) -> BenchResult<Stack> {
+        let state = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let config = config_with(state.path(), json!({}));
+        let engine = Engine::with_config("sandbox-libkrun", config)
+            .start("127.0.0.1:0".parse().map_err(|_| "address")?)
+            .await
+            .map_err(|e| format!("engine: {e}"))?;
+        let adapter = Command::new(existing(
+            profile.join("sandbox-libkrun"),
+            "cargo build -p sandbox-libkrun",
+        )?)
+        .arg("--plugin")
+        .arg(existing(
+            profile.join("libplugin_bwrap.so"),
+            "cargo build -p plugin-bwrap",
+        )?)
+        .arg("--prefix")
+        .arg(PREFIX)
+        .env("III_URL", engine.url())
+        .env("III_WORKER_NAME", "sandbox-libkrun")
+        .env("III_CONFIG_NAME", "sandbox-libkrun")
+        .env("SANDBOX_AGENT_PATH", agent)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start the adapter: {e}"))?;
+        let client = Client::connect(&engine.url())
+            .await
+            .map_err(|e| format!("client: {e:?}"))?;
+        client
+            .wait_for_function(
+                &format!("{PREFIX}::adapter::info"),
+                None,
+                Duration::from_secs(60),
+            )
+            .await
+            .map_err(|e| format!("adapter did not register: {e:?}"))?;
+        Ok(Stack {
+            _engine: engine,
+            client,
+            adapter,
+            _state: state,
+        })
+    }
+
+    async fn call(&self, suffix: &str, payload: Value) -> BenchResult<Value> {
+        self.client
+            .invoke(&format!("{PREFIX}::{suffix}"), payload, CALL_TIMEOUT)
+            .await
+            .map_err(|e| format!("{suffix}: {} {}", e.code, e.message))
+    }
+
+    async fn create(&self) -> BenchResult<String> {
+        let answer = self.call("create", json!({"image": "python"})).await?;
+        answer["sandbox_id"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| format!("create answered {answer}"))
+    }
+
+    async fn exec(&self, id: &str, argv: &[&str]) -> BenchResult<Value> {
+        let result = self
+            .call("exec", json!({"sandbox_id": id, "argv": argv}))
+            .await?;
+        if result["exit_code"] != 0 {
+            return Err(format!("exec {argv:?}: {result}"));
+        }
+        Ok(result)
+    }
+
+    async fn stop(&self, id: &str) -> BenchResult<()> {
+        self.call("stop", json!({"sandbox_id": id, "wait": true}))
+            .await
+            .map(drop)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.adapter.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.adapter.wait();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+/// Median of `n` timed runs of `step`.
+async fn timed<F, Fut>(n: usize, mut step: F) -> BenchResult<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = BenchResult<()>>,
+{
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        step().await?;
+        samples.push(start.elapsed());
+    }
+    Ok(median(samples))
+}
+
+fn spawn_and_wait(program: &str, args: &[&str]) -> BenchResult<()> {
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|e| format!("{program}: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("{program} {args:?}: {status}"))
+}
+
+/// The cached root of the python image (the one holding `python3`).
+fn python_root() -> BenchResult<PathBuf> {
+    let roots = shared_cache_dir().join("images/roots");
+    let entries = std::fs::read_dir(&roots).map_err(|e| format!("{}: {e}", roots.display()))?;
+    entries
+        .flatten()
+        .map(|e| e.path().join("rootfs"))
+        .find(|root| {
+            ["usr/bin/python3", "usr/local/bin/python3", "bin/python3"]
+                .iter()
+                .any(|p| root.join(p).exists())
+        })
+        .ok_or_else(|| format!("no python root under {}", roots.display()))
+}
+
+/// bwrap over the image root without the adapter: a tmpfs `/` holding read-only binds of the
+/// root's top-level entries (the cached root itself is read-only and has no `/dev`, `/proc`).
+fn bare_bwrap_args(root: &Path, extra: &[&str]) -> BenchResult<Vec<String>> {
+    let mut args: Vec<String> = ["--unshare-all", "--die-with-parent", "--tmpfs", "/"]
+        .map(String::from)
+        .to_vec();
+    let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    for entry in entries.flatten() {
+        let inside = format!("/{}", entry.file_name().to_string_lossy());
+        let path = entry.path();
+        match std::fs::read_link(&path) {
+            Ok(target) => args.extend(["--symlink".into(), target.display().to_string(), inside]),
+            Err(_) => args.extend(["--ro-bind".into(), path.display().to_string(), inside]),
+        }
+    }
+    args.extend(["--dev", "/dev", "--proc", "/proc"].map(String::from));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Ok(args)
+}
+
+/// bwrap with the agent as PID 1 over the root, spoken to directly (no engine, no adapter).
+struct DirectAgent {
+    child: tokio::process::Child,
+    client: AgentClient,
+}
+
+async fn direct_agent(root: &Path, agent: &str) -> BenchResult<DirectAgent> {
+    let args = bare_bwrap_args(
+        root,
+        &[
+            "--ro-bind",
+            agent,
+            AGENT_IN_SANDBOX,
+            "--as-pid-1",
+            "--",
+            AGENT_IN_SANDBOX,
+            "--stdio",
+        ],
+    )?;
+    let mut child = tokio::process::Command::new("bwrap")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("bwrap: {e}"))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("bwrap without pipes".into());
+    };
+    let client = AgentClient::connect(stdout, stdin)
+        .await
+        .map_err(|e| format!("agent hello: {e}"))?;
+    Ok(DirectAgent { child, client })
+}
+
+impl DirectAgent {
+    async fn exec_true(&self) -> BenchResult<()> {
+        let outcome = self
+            .client
+            .exec(ExecSpec {
+                argv: vec!["/bin/true".into()],
+                timeout_ms: 60_000,
+                max_output_bytes: 1024,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("direct exec: {e}"))?;
+        (outcome.exit_code == 0)
+            .then_some(())
+            .ok_or_else(|| format!("direct exec: {outcome:?}"))
+    }
+
+    async fn end(mut self) {
+        let _ = self.client.shutdown().await;
+        let _ = self.child.kill().await;
+    }
+}
+
+struct Row {
+    what: String,
+    median_ms: f64,
+    baseline: String,
+    ratio: String,
+    breakdown: String,
+}
+
+fn print_table(iterations: usize, rows: &[Row]) {
+    println!(
+        "\nsandbox-bench: medians of {iterations} iterations (bwrap plugin, through the engine)\n"
+    );
+    println!(
+        "| {:<38} | {:>9} | {:<34} | {:>13} | breakdown (median ms)",
+        "measurement", "median ms", "baseline (same run)", "ratio"
+    );
+    println!(
+        "|{}|{}|{}|{}|{}",
+        "-".repeat(40),
+        "-".repeat(11),
+        "-".repeat(36),
+        "-".repeat(15),
+        "-".repeat(40)
+    );
+    for row in rows {
+        println!(
+            "| {:<38} | {:>9.2} | {:<34} | {:>13} | {}",
+            row.what, row.median_ms, row.baseline, row.ratio, row.breakdown
+        );
+    }
+    println!();
+}
+
+async fn bench(n: usize) -> BenchResult<()> {
+    let profile = profile_dir()?;
+    let agent = agent_path(&profile)?;
+    let agent_text = agent.display().to_string();
+    let stack = Stack::start(&profile, &agent).await?;
+
+    // Warm-up: pulls the image once (cached from then on) and loads the python binaries.
+    let warm = stack.create().await?;
+    stack.exec(&warm, &["python3", "-c", "print(6*7)"]).await?;
+    stack.stop(&warm).await?;
+    let root = python_root()?;
+
+    // Baselines on the host.
+    let host_true = timed(n, || async { spawn_and_wait("/bin/true", &[]) }).await?;
+    let true_args = bare_bwrap_args(&root, &["/bin/true"])?;
+    let true_args: Vec<&str> = true_args.iter().map(String::as_str).collect();
+    let bare_bwrap = timed(n, || async { spawn_and_wait("bwrap", &true_args) }).await?;
+    let mut hello = Vec::with_capacity(n);
+    let mut direct_first = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        let direct = direct_agent(&root, &agent_text).await?;
+        hello.push(start.elapsed());
+        let start = Instant::now();
+        direct.exec_true().await?;
+        direct_first.push(start.elapsed());
+        direct.end().await;
+    }
+    let (hello, direct_first) = (median(hello), median(direct_first));
+    let direct = direct_agent(&root, &agent_text).await?;
+    let direct_exec = timed(n, || direct.exec_true()).await?;
+    direct.end().await;
+
+    // Through the engine.
+    let rtt = timed(n, || async {
+        stack.call("adapter::info", json!({})).await.map(drop)
+    })
+    .await?;
+    let mut creates = Vec::with_capacity(n);
+    let mut firsts = Vec::with_capacity(n);
+    let mut totals = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        let id = stack.create().await?;
+        let created = start.elapsed();
+        stack.exec(&id, &["/bin/true"]).await?;
+        totals.push(start.elapsed());
+        firsts.push(start.elapsed() - created);
+        creates.push(created);
+        stack.stop(&id).await?;
+    }
+    let (create, first, total) = (median(creates), median(firsts), median(totals));
+
+    let live = stack.create().await?;
+    let exec_true = timed(n, || async {
+        stack.exec(&live, &["/bin/true"]).await.map(drop)
+    })
+    .await?;
+    let py = ["python3", "-c", "print(6*7)"];
+    let exec_py = timed(n, || async { stack.exec(&live, &py).await.map(drop) }).await?;
+    stack.stop(&live).await?;
+    let run_payload = json!({"image": "python", "code": "print(6*7)", "lang": "python"});
+    let run = timed(n, || async {
+        let result = stack.call("run", run_payload.clone()).await?;
+        (result["stdout"] == "42\n")
+            .then_some(())
+            .ok_or_else(|| format!("run answered {result}"))
+    })
+    .await?;
+
+    let rounds = (n / 5).max(3);
+    let mut parallel = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let ids = futures::future::join_all((0..PARALLEL).map(|_| stack.create())).await;
+        parallel.push(start.elapsed());
+        let ids: Vec<String> = ids.into_iter().collect::<BenchResult<_>>()?;
+        // Stopping is not measured, but must finish before the next round.
+        for stopped in futures::future::join_all(ids.iter().map(|id| stack.stop(id))).await {
+            stopped?;
+        }
+    }
+    let parallel = median(parallel);
+
+    let ratio = |a: Duration, b: Duration| format!("{:.2}x", ms(a) / ms(b).max(1e-6));
+    let rows = vec![
+        Row {
+            what: "create -> first exec (cached image)".into(),
+            median_ms: ms(total),
+            baseline: format!("bare bwrap /bin/true {:.2} ms", ms(bare_bwrap)),
+            ratio: format!("{} (goal <=2x)", ratio(total, bare_bwrap)),
+            breakdown: format!(
+                "create {:.2} (of which engine rtt {:.2}; bwrap+agent hello direct {:.2}) + first exec {:.2} (direct {:.2})",
+                ms(create), ms(rtt), ms(hello), ms(first), ms(direct_first)
+            ),
+        },
+        Row {
+            what: "exec /bin/true in a live sandbox".into(),
+            median_ms: ms(exec_true),
+            baseline: format!("host spawn /bin/true {:.2} ms", ms(host_true)),
+            ratio: format!("+{:.2} ms", ms(exec_true) - ms(host_true)),
+            breakdown: format!(
+                "engine rtt {:.2} + agent exec direct {:.2} (host spawn {:.2}) + adapter {:.2}",
+                ms(rtt),
+                ms(direct_exec),
+                ms(host_true),
+                ms(exec_true) - ms(rtt) - ms(direct_exec)
+            ),
+        },
+        Row {
+            what: "run print(6*7) end to end".into(),
+            median_ms: ms(run),
+            baseline: format!("create->first exec {:.2} ms", ms(total)),
+            ratio: ratio(run, total),
+            breakdown: format!(
+                "create {:.2} + python3 print(6*7) exec {:.2} + files, stop {:.2}",
+                ms(create),
+                ms(exec_py),
+                ms(run) - ms(create) - ms(exec_py)
+            ),
+        },
+        Row {
+            what: format!("{PARALLEL} creates in parallel ({rounds} rounds)"),
+            median_ms: ms(parallel),
+            baseline: format!("{PARALLEL} x one create {:.2} ms", ms(create) * PARALLEL as f64),
+            ratio: ratio(parallel, create * PARALLEL as u32),
+            breakdown: format!("{:.2} per sandbox", ms(parallel) / PARALLEL as f64),
+        },
+    ];
+    print_table(n, &rows);
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Limits end to end on the bwrap plugin: `max_concurrent_sandboxes`, the per-sandbox exec cap,
+//! per-image caps, unknown and stopped sandboxes, idempotent `stop` and `stop {wait}`.
+
+mod sandbox_support;
+
+use e2e_tests::{bwrap_usable, Stack};
+use sandbox_support::{create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh, stop};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
+    if !bwrap_usable("the_33rd_create_is_s400_and_a_stop_frees_a_slot") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let ids: Vec<String> =
+        futures::future::join_all((0..32).map(|_| create(&stack, "python", json!({})))).await;
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["in_flight"], 32, "{list}");
+    assert_eq!(list["cap"], 32, "{list}");
+    assert_eq!(list["remaining"], 0, "{list}");
+    assert_eq!(list["sandboxes"].as_array().map(Vec::len), Some(32));
+
+    let (code, body) = expect_err(
+        stack.call("create", json!({"image": "python"})).await,
+        "33rd create",
+    );
+    assert_eq!(code, "S400", "{body}");
+    assert_eq!(body["retryable"], true, "{body}");
+    // `run` takes a slot like `create` does.
+    let (code, body) = expect_err(
+        stack
+            .call(
+                "run",
+                json!({"image": "python", "code": "print(1)", "lang": "python"}),
+            )
+            .await,
+        "run at the cap",
+    );
+    assert_eq!(code, "S400", "{body}");
+
+    // A stop frees the slot for the next create.
+    stop(&stack, &ids[0], true).await;
+    let again = create(&stack, "python", json!({})).await;
+    let (code, _) = expect_err(
+        stack.call("create", json!({"image": "python"})).await,
+        "create at the cap again",
+    );
+    assert_eq!(code, "S400");
+
+    // Clean up: every sandbox stopped, nothing left on disk.
+    futures::future::join_all(
+        ids[1..]
+            .iter()
+            .chain(std::iter::once(&again))
+            .map(|id| stop(&stack, id, true)),
+    )
+    .await;
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["sandboxes"], json!([]), "{list}");
+    assert_eq!(list["in_flight"], 0, "{list}");
+    assert_eq!(list["remaining"], 32, "{list}");
+    assert_eq!(layers_on_disk(&stack), 0, "no layer left on disk");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_cap_image_caps_unknown_and_stopped_sandboxes() {
+    if !bwrap_usable("exec_cap_image_caps_unknown_and_stopped_sandboxes") {
+        return;
+    }
+    let stack = Stack::start(
+        json!({"per_image_caps": {"python": {"max_cpus": 2, "max_memory_mb": 1024}}}),
+        Default::default(),
+    )
+    .await;
+
+    // Per-image caps: above them S400, at them fine; other images are not capped.
+    for (extra, what) in [
+        (json!({"cpus": 3}), "cpus above the cap"),
+        (json!({"memory_mb": 1025}), "memory above the cap"),
+        (
+            json!({"cpus": 2, "memory_mb": 2048}),
+            "memory above, cpus at the cap",
+        ),
+    ] {
+        let mut payload = json!({"image": "python"});
+        payload
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (code, body) = expect_err(stack.call("create", payload).await, what);
+        assert_eq!(code, "S400", "{what}: {body}");
+    }
+    let id = create(&stack, "python", json!({"cpus": 2, "memory_mb": 1024})).await;
+    let node = create(&stack, "node", json!({"cpus": 3, "memory_mb": 2048})).await;
+    stop(&stack, &node, true).await;
+
+    // Five execs at once with the default cap of four: four results and one S003.
+    let mut slow = sh("sleep 3; echo done");
+    slow["timeout_ms"] = json!(60_000);
+    let results = futures::future::join_all((0..5).map(|_| exec(&stack, &id, slow.clone()))).await;
+    let done = results
+        .iter()
+        .filter(|r| r.as_ref().is_ok_and(|v| v["stdout"] == "done\n"))
+        .count();
+    let refused: Vec<(String, serde_json::Value)> = results
+        .into_iter()
+        .filter(Result::is_err)
+        .map(|r| expect_err(r, "fifth exec"))
+        .collect();
+    assert_eq!(done, 4, "four execs ran: {refused:?}");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, "S003", "{refused:?}");
+    assert_eq!(refused[0].1["retryable"], true, "{refused:?}");
+    // The slots are back once the four are done.
+    let after = exec_ok(&stack, &id, json!({"argv": ["echo", "free"]})).await;
+    assert_eq!(after["stdout"], "free\n");
+
+    // Ids never seen are S002, for exec and for stop.
+    let stranger = "3f2504e0-4f89-41d3-9a0c-0305e82c3301";
+    let (code, _) = expect_err(exec(&stack, stranger, sh("true")).await, "unknown exec");
+    assert_eq!(code, "S002");
+    let (code, _) = expect_err(
+        stack.call("stop", json!({"sandbox_id": stranger})).await,
+        "unknown stop",
+    );
+    assert_eq!(code, "S002");
+
+    // Stop is idempotent; calls on a stopped sandbox are S004.
+    let first = stop(&stack, &id, false).await;
+    assert_eq!(first, json!({"sandbox_id": id, "stopped": true}));
+    let second = stop(&stack, &id, false).await;
+    assert_eq!(second, json!({"sandbox_id": id, "stopped": true}));
+    let (code, body) = expect_err(exec(&stack, &id, sh("true")).await, "exec after stop");
+    assert_eq!(code, "S004", "{body}");
+    assert!(!live_ids(&stack).await.contains(&id));
+
+    // `wait`: once it answers, the sandbox and its layer are gone.
+    let waited = create(&stack, "python", json!({})).await;
+    let layer = stack.state_dir.path().join("sandboxes").join(&waited);
+    assert!(layer.is_dir(), "a live sandbox has its layer");
+    let answer = stop(&stack, &waited, true).await;
+    assert_eq!(answer["stopped"], true);
+    assert!(
+        !layer.exists(),
+        "stop {{wait: true}} returned before the layer was removed"
+    );
+    assert!(!live_ids(&stack).await.contains(&waited));
+    let again = stop(&stack, &waited, true).await;
+    assert_eq!(
+        again["stopped"], true,
+        "waiting on a stopped sandbox is fine too"
+    );
+}

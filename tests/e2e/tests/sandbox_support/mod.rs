@@ -1,0 +1,164 @@
+//! Helpers shared by the sandbox lifecycle tests (exec, limits, malformed, reaping, orphans):
+//! creating sandboxes, calling exec, and reading the host's /proc about the adapter.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::time::Duration;
+
+use e2e_tests::{error_body, s_code, RemoteError, Stack};
+use serde_json::{json, Value};
+
+/// Creates a sandbox of `image` with the extra create fields of `extra`; panics with the
+/// adapter's log when it fails (creating is not what these tests are about).
+pub async fn create(stack: &Stack, image: &str, extra: Value) -> String {
+    let mut payload = json!({ "image": image });
+    if let (Some(base), Value::Object(extra)) = (payload.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    let answer = stack
+        .call("create", payload)
+        .await
+        .unwrap_or_else(|e| panic!("create {image}: {e:?}\n{}", stack.adapter.log()));
+    answer["sandbox_id"]
+        .as_str()
+        .expect("create answers a sandbox_id")
+        .to_string()
+}
+
+/// `exec` in `id` with the fields of `fields` (the command shape, env, ...).
+pub async fn exec(stack: &Stack, id: &str, fields: Value) -> Result<Value, RemoteError> {
+    let mut payload = json!({ "sandbox_id": id });
+    if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
+        base.extend(fields);
+    }
+    stack.call("exec", payload).await
+}
+
+/// `exec` that must succeed (exit status aside).
+pub async fn exec_ok(stack: &Stack, id: &str, fields: Value) -> Value {
+    let shown = fields.to_string();
+    exec(stack, id, fields)
+        .await
+        .unwrap_or_else(|e| panic!("exec {shown}: {e:?}\n{}", stack.adapter.log()))
+}
+
+/// `sh -c script` as an exec's fields.
+pub fn sh(script: &str) -> Value {
+    json!({ "argv": ["/bin/sh", "-c", script] })
+}
+
+/// The S-code of a call that must fail, with its body for further checks.
+pub fn expect_err(result: Result<Value, RemoteError>, what: &str) -> (String, Value) {
+    match result {
+        Ok(answer) => panic!("{what}: expected an error, got {answer}"),
+        Err(e) => (s_code(&e), error_body(&e)),
+    }
+}
+
+pub async fn stop(stack: &Stack, id: &str, wait: bool) -> Value {
+    stack
+        .call("stop", json!({ "sandbox_id": id, "wait": wait }))
+        .await
+        .unwrap_or_else(|e| panic!("stop {id}: {e:?}"))
+}
+
+/// The ids `list` reports as live.
+pub async fn live_ids(stack: &Stack) -> Vec<String> {
+    let list = stack.call("list", json!({})).await.expect("list");
+    list["sandboxes"]
+        .as_array()
+        .expect("list.sandboxes")
+        .iter()
+        .filter_map(|s| s["sandbox_id"].as_str().map(String::from))
+        .collect()
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes; the final verdict.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Entries left in the state directory's `sandboxes/` (one per live or leaked sandbox).
+pub fn layers_on_disk(stack: &Stack) -> usize {
+    std::fs::read_dir(stack.state_dir.path().join("sandboxes"))
+        .map(|dir| dir.count())
+        .unwrap_or(0)
+}
+
+/// A value of `/proc/<pid>/status` in KiB (e.g. `VmHWM`, `VmRSS`).
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// A process identity that survives pid reuse: pid, start time (clock ticks) and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostProcess {
+    pub pid: u32,
+    pub ppid: u32,
+    pub start_time: u64,
+    pub comm: String,
+}
+
+impl HostProcess {
+    pub fn read(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, tail) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_string();
+        let fields: Vec<&str> = tail.split_whitespace().collect();
+        // After the name: state(0) ppid(1) ... starttime(19).
+        if fields.first() == Some(&"Z") {
+            return None; // a zombie holds nothing but its pid
+        }
+        Some(Self {
+            pid,
+            ppid: fields.get(1)?.parse().ok()?,
+            start_time: fields.get(19)?.parse().ok()?,
+            comm,
+        })
+    }
+
+    /// Still the same, living process.
+    pub fn is_alive(&self) -> bool {
+        Self::read(self.pid).is_some_and(|now| now.start_time == self.start_time)
+    }
+}
+
+/// Every living host process descending from `root` (not `root` itself).
+pub fn descendants(root: u32) -> Vec<HostProcess> {
+    let all: Vec<HostProcess> = std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(HostProcess::read)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut found: Vec<HostProcess> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for process in all.iter().filter(|p| p.ppid == parent) {
+            if !found.iter().any(|f| f.pid == process.pid) {
+                frontier.push(process.pid);
+                found.push(process.clone());
+            }
+        }
+    }
+    found
+}
