@@ -4,7 +4,6 @@
 //! (`sha256:` + 64 lowercase hex) before it ever touches a path.
 
 use std::fmt;
-use std::io::{self, Read};
 
 use sha2::{Digest as _, Sha256};
 
@@ -70,35 +69,6 @@ impl Hasher {
     }
 }
 
-/// A reader that hashes everything read through it.
-pub struct HashingReader<R> {
-    inner: R,
-    hasher: Hasher,
-}
-
-impl<R: Read> HashingReader<R> {
-    pub fn new(inner: R) -> Self {
-        HashingReader {
-            inner,
-            hasher: Hasher::default(),
-        }
-    }
-    /// Reads the rest of the stream (tar padding after the end marker counts for the digest).
-    pub fn drain_and_finish(mut self) -> io::Result<(Digest, u64)> {
-        io::copy(&mut self, &mut io::sink())?;
-        let bytes = self.hasher.bytes();
-        Ok((self.hasher.finish(), bytes))
-    }
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,11 +84,12 @@ mod tests {
     }
 
     #[test]
-    fn hashing_reader_matches_one_shot_digest() {
+    fn hasher_matches_one_shot_digest() {
         let data = vec![7u8; 100_000];
-        let r = HashingReader::new(&data[..]);
-        let (d, n) = r.drain_and_finish().unwrap();
-        assert_eq!(n, 100_000);
-        assert_eq!(d, Digest::of(&data));
+        let mut h = Hasher::default();
+        h.update(&data[..10]);
+        h.update(&data[10..]);
+        assert_eq!(h.bytes(), 100_000);
+        assert_eq!(h.finish(), Digest::of(&data));
     }
 }

@@ -5,6 +5,7 @@
 mod decompress;
 mod entry;
 mod pax;
+mod pipe;
 mod resolve;
 
 use std::collections::HashSet;
@@ -18,7 +19,7 @@ use tar::EntryType;
 pub use decompress::Compression;
 pub use resolve::ResolveError;
 
-use crate::digest::{Digest, HashingReader};
+use crate::digest::Digest;
 use entry::Meta;
 
 const WHITEOUT_PREFIX: &str = ".wh.";
@@ -68,19 +69,39 @@ pub fn apply_layer_file(
 }
 
 /// As [`apply_layer_file`], from any buffered reader (used by tests and the fuzz target).
-pub fn apply_layer<R: io::Read + 'static>(
+pub fn apply_layer<R: io::Read + Send + 'static>(
     root: &Path,
     input: BufReader<R>,
     diff_id: &Digest,
 ) -> Result<LayerStats, UnpackError> {
-    let (compression, reader) = decompress::open(input).map_err(UnpackError::Read)?;
-    let mut hashed = HashingReader::new(reader);
-    let mut stats = LayerStats {
-        compression: Some(compression),
-        ..Default::default()
+    let mut pipe = pipe::Pipe::start(input).map_err(UnpackError::Read)?;
+    let applied = apply_entries(root, &mut pipe);
+    let (entries, whiteouts) = match applied {
+        Ok(counts) => counts,
+        Err(e) => {
+            pipe.abandon();
+            return Err(e);
+        }
     };
-    // The archive borrows the hashing reader, so the rest of the stream can be hashed after.
-    let mut archive = tar::Archive::new(&mut hashed);
+    // A broken stream is reported as such, even when tar saw a clean end before it.
+    let produced = pipe.finish().map_err(UnpackError::Read)?;
+    if &produced.digest != diff_id {
+        return Err(UnpackError::DiffId {
+            expected: diff_id.to_string(),
+            actual: produced.digest.to_string(),
+        });
+    }
+    Ok(LayerStats {
+        compression: Some(produced.compression),
+        entries,
+        whiteouts,
+        uncompressed_bytes: produced.bytes,
+    })
+}
+
+/// Applies every tar entry; returns (entries, whiteouts).
+fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), UnpackError> {
+    let mut archive = tar::Archive::new(input);
     let mut layer = Layer {
         root,
         written: HashSet::new(),
@@ -88,22 +109,15 @@ pub fn apply_layer<R: io::Read + 'static>(
         chown: unsafe { libc::geteuid() } == 0,
         parent_cache: None,
     };
+    let (mut entries, mut whiteouts) = (0, 0);
     for item in archive.entries().map_err(UnpackError::Read)? {
         let mut e = item.map_err(UnpackError::Read)?;
-        stats.entries += 1;
+        entries += 1;
         if layer.apply(&mut e)? {
-            stats.whiteouts += 1;
+            whiteouts += 1;
         }
     }
-    let (actual, bytes) = hashed.drain_and_finish().map_err(UnpackError::Read)?;
-    stats.uncompressed_bytes = bytes;
-    if &actual != diff_id {
-        return Err(UnpackError::DiffId {
-            expected: diff_id.to_string(),
-            actual: actual.to_string(),
-        });
-    }
-    Ok(stats)
+    Ok((entries, whiteouts))
 }
 
 struct Layer<'a> {
