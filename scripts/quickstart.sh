@@ -14,7 +14,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 SKIP_VM_LAB=${SKIP_VM_LAB:-1} bash "$root/scripts/install-deps.sh"
-dist=$(bash "$root/scripts/build.sh" "$work/dist")
+# A debug build: quick to make, and scripts/test.sh reuses it.
+dist=$(bash "$root/scripts/build.sh" --debug "$work/dist")
 
 read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash "$root/tests/fixtures/start-registry.sh" "$work/registry")
 pids+=("$reg_pid")
