@@ -38,6 +38,11 @@ impl PluginLibrary {
             path: path.to_path_buf(),
             reason: describe_library_error(e),
         };
+        // dlopen of a truncated library dies with SIGBUS instead of failing: look first.
+        crate::elf_check::check(path).map_err(|e| LoadError::Library {
+            path: path.to_path_buf(),
+            reason: format!("not a sandbox plugin library: {e}"),
+        })?;
         let header = lib_header_from_path(path).map_err(library_error)?;
         let module = header
             .init_root_module::<PluginModRef>()
@@ -71,14 +76,26 @@ impl PluginLibrary {
 }
 
 fn describe_library_error(error: LibraryError) -> String {
+    // abi_stable's messages span several lines; the shell prints one.
+    let one_line = |text: String| text.split_whitespace().collect::<Vec<_>>().join(" ");
     match error {
-        LibraryError::OpenError { .. } | LibraryError::GetSymbolError { .. } => {
-            format!("not a sandbox plugin library ({error})")
+        LibraryError::OpenError { err, .. } => {
+            format!(
+                "not a sandbox plugin library (the loader refused it: {})",
+                one_line(err.to_string())
+            )
         }
+        LibraryError::GetSymbolError { err, .. } => format!(
+            "not a sandbox plugin library (it exports no plugin root module: {})",
+            one_line(err.to_string())
+        ),
         LibraryError::IncompatibleVersionNumber { .. } | LibraryError::AbiInstability(_) => {
-            format!("built against another plugin interface version ({error})")
+            format!(
+                "built against another plugin interface version ({})",
+                one_line(error.to_string())
+            )
         }
-        other => other.to_string(),
+        other => one_line(other.to_string()),
     }
 }
 

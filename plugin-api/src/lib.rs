@@ -8,6 +8,7 @@
 //!
 //! This crate is not the sandbox contract: it knows nothing about sandboxes.
 
+mod elf_check;
 pub mod error;
 pub mod export;
 mod ffi;
