@@ -188,7 +188,9 @@ impl SandboxProcess for BwrapProcess {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
-        cgroup::remove(&self.sandbox_id);
+        // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
+        let id = self.sandbox_id.clone();
+        let _ = tokio::task::spawn_blocking(move || cgroup::remove(&id)).await;
     }
 }
 

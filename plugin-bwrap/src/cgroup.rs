@@ -5,8 +5,10 @@
 
 use std::ffi::CString;
 use std::fs;
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const ROOT: &str = "/sys/fs/cgroup";
 const GROUP: &str = "sandbox-libkrun";
@@ -69,15 +71,37 @@ impl Limits {
     }
 }
 
-/// Removes the groups of a sandbox whose processes are gone (also for leftovers of an
-/// earlier run).
+/// How long `remove` waits for a group's last processes to finish exiting.
+const EMPTY_WAIT: Duration = Duration::from_secs(2);
+
+/// Removes the groups of a sandbox whose processes are gone or dying (also for leftovers of
+/// an earlier run). Blocks up to [`EMPTY_WAIT`]: right after bwrap is killed, the sandbox's
+/// PID 1 and its children are still exiting and the kernel refuses the rmdir with EBUSY, which
+/// used to leave one empty group behind per unlucky stop.
 pub fn remove(sandbox_id: &str) {
     for parent in [
         Path::new(ROOT).join(GROUP),
         Path::new(ROOT).join("memory").join(GROUP),
         Path::new(ROOT).join("cpu").join(GROUP),
     ] {
-        let _ = fs::remove_dir(parent.join(sandbox_id));
+        remove_when_empty(&parent.join(sandbox_id));
+    }
+}
+
+fn remove_when_empty(dir: &Path) {
+    let deadline = Instant::now() + EMPTY_WAIT;
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                tracing::warn!(group = %dir.display(), error = %e, "cannot remove the sandbox's cgroup");
+                return;
+            }
+        }
     }
 }
 
