@@ -4,7 +4,9 @@
 mod sandbox_support;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh, stop};
+use sandbox_support::{
+    cgroups_of, create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh, stop,
+};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -39,6 +41,11 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     );
     assert_eq!(code, "S400", "{body}");
 
+    let enforced = !cgroups_of(&ids[0]).is_empty();
+    if !enforced {
+        println!("*** no writable cgroup hierarchy here: cgroup cleanup NOT checked ***");
+    }
+
     // A stop frees the slot for the next create.
     stop(&stack, &ids[0], true).await;
     let again = create(&stack, "python", json!({})).await;
@@ -61,6 +68,15 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     assert_eq!(list["in_flight"], 0, "{list}");
     assert_eq!(list["remaining"], 32, "{list}");
     assert_eq!(layers_on_disk(&stack), 0, "no layer left on disk");
+    let groups: Vec<_> = ids
+        .iter()
+        .chain([&again])
+        .flat_map(|id| cgroups_of(id))
+        .collect();
+    assert!(
+        groups.is_empty(),
+        "cgroups left after stop {{wait}}: {groups:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,9 @@ mod sandbox_support;
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack, PREFIX};
-use sandbox_support::{create, descendants, eventually, exec, layers_on_disk, sh, HostProcess};
+use sandbox_support::{
+    cgroups_of, create, descendants, eventually, exec, layers_on_disk, sh, HostProcess,
+};
 use serde_json::json;
 
 /// Agent binary's name inside the sandbox (what `comm` shows on the host).
@@ -92,6 +94,8 @@ async fn kill_9_leaves_no_sandbox_process_and_restart_reconciles_three() {
         0,
         "leftover layers were removed at start-up"
     );
+    let groups: Vec<_> = ids.iter().flat_map(|id| cgroups_of(id)).collect();
+    assert!(groups.is_empty(), "leftover cgroups: {groups:?}");
     for id in &ids {
         let (code, _) = sandbox_support::expect_err(
             exec(&stack, id, sh("true")).await,

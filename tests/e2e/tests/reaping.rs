@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{create, eventually, exec, exec_ok, expect_err, live_ids, sh, stop};
+use sandbox_support::{
+    cgroups_of, create, eventually, exec, exec_ok, expect_err, live_ids, sh, stop,
+};
 use serde_json::json;
 
 /// Far above the idle timeouts used here: the reaper runs every half second.
@@ -46,6 +48,11 @@ async fn idle_sandboxes_are_reaped_after_their_own_or_the_default_timeout() {
     })
     .await;
     assert!(cleaned, "reaped sandboxes left their layers");
+    let groups = [cgroups_of(&own), cgroups_of(&default)].concat();
+    assert!(
+        groups.is_empty(),
+        "reaped sandboxes left their cgroups: {groups:?}"
+    );
     let list = stack.call("list", json!({})).await.expect("list");
     assert_eq!(list["in_flight"], 1, "{list}");
     let answer = stop(&stack, &own, false).await;

@@ -162,3 +162,14 @@ pub fn descendants(root: u32) -> Vec<HostProcess> {
     }
     found
 }
+
+/// The bwrap backend's cgroups of sandbox `id` still present on the host (v2 layout, or the
+/// v1 `memory` and `cpu` hierarchies): empty once the sandbox is fully gone.
+pub fn cgroups_of(id: &str) -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    [root.to_path_buf(), root.join("memory"), root.join("cpu")]
+        .into_iter()
+        .map(|hierarchy| hierarchy.join("sandbox-libkrun").join(id))
+        .filter(|dir| dir.is_dir())
+        .collect()
+}
