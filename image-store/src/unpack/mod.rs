@@ -7,6 +7,7 @@ mod entry;
 mod pax;
 mod pipe;
 mod resolve;
+mod writers;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -23,6 +24,8 @@ use crate::digest::Digest;
 use entry::Meta;
 
 const WHITEOUT_PREFIX: &str = ".wh.";
+/// Parallel file writers per layer (see `writers`).
+const WRITER_THREADS: usize = 2;
 const OPAQUE: &str = ".wh..wh..opq";
 
 #[derive(Debug, thiserror::Error)]
@@ -108,15 +111,25 @@ fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), Un
         // SAFETY: geteuid has no preconditions and cannot fail.
         chown: unsafe { libc::geteuid() } == 0,
         parent_cache: None,
+        writers: writers::Writers::new(WRITER_THREADS).map_err(UnpackError::Read)?,
+        queued: HashSet::new(),
     };
     let (mut entries, mut whiteouts) = (0, 0);
-    for item in archive.entries().map_err(UnpackError::Read)? {
-        let mut e = item.map_err(UnpackError::Read)?;
-        entries += 1;
-        if layer.apply(&mut e)? {
-            whiteouts += 1;
+    let mut run = || -> Result<(), UnpackError> {
+        for item in archive.entries().map_err(UnpackError::Read)? {
+            let mut e = item.map_err(UnpackError::Read)?;
+            entries += 1;
+            if layer.apply(&mut e)? {
+                whiteouts += 1;
+            }
         }
-    }
+        Ok(())
+    };
+    let result = run();
+    // Always wait for queued files, so nothing is written after we return.
+    let drained = layer.settle();
+    result?;
+    drained?;
     Ok((entries, whiteouts))
 }
 
@@ -128,9 +141,21 @@ struct Layer<'a> {
     /// The last resolved parent (entries come grouped by directory, so this saves a
     /// resolution per file); dropped by every entry that could change a resolution.
     parent_cache: Option<(Vec<OsString>, PathBuf)>,
+    writers: writers::Writers,
+    /// Paths queued to the writers since they were last idle.
+    queued: HashSet<PathBuf>,
 }
 
 impl Layer<'_> {
+    /// Waits for every queued file (a barrier before anything that removes, links or
+    /// creates a symlink).
+    fn settle(&mut self) -> Result<(), UnpackError> {
+        self.queued.clear();
+        self.writers
+            .wait_idle()
+            .map_err(|(path, source)| UnpackError::Write { path, source })
+    }
+
     fn parent_dir(&mut self, comps: &[OsString]) -> Result<PathBuf, UnpackError> {
         if let Some((cached, path)) = &self.parent_cache {
             if cached.as_slice() == comps {
@@ -159,6 +184,7 @@ impl Layer<'_> {
         let last_str = last.to_string_lossy();
         if last_str.starts_with(WHITEOUT_PREFIX) {
             self.parent_cache = None; // removals may delete a cached directory
+            self.settle()?;
         }
         if last_str == OPAQUE {
             entry::clear_opaque(&parent, &self.written)
@@ -184,6 +210,30 @@ impl Layer<'_> {
             mtime: h.mtime().unwrap_or(0),
             chown: self.chown,
         };
+        let size = e.header().size().unwrap_or(u64::MAX);
+        let small_file = matches!(kind, EntryType::Regular | EntryType::Continuous)
+            && size <= writers::SMALL_FILE;
+        if small_file && !self.queued.contains(&path) {
+            let mut data = Vec::with_capacity(size as usize);
+            io::Read::read_to_end(e, &mut data).map_err(UnpackError::Read)?;
+            self.written.insert(path.clone());
+            self.queued.insert(path.clone());
+            let job = writers::Job {
+                path,
+                data,
+                meta,
+                xattrs: pax.xattrs,
+            };
+            self.writers
+                .submit(job)
+                .map_err(|(path, source)| UnpackError::Write { path, source })?;
+            return Ok(false);
+        }
+        // Directories only wait when the same path is still queued; everything else may
+        // remove, link or make a symlink, so it waits for every queued file.
+        if kind != EntryType::Directory || self.queued.contains(&path) {
+            self.settle()?;
+        }
         let result = match kind {
             EntryType::Directory => entry::write_dir(&path, &meta),
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
