@@ -20,6 +20,10 @@ pub enum ConfigReadError {
     Failed { id: String, reason: String },
     #[error("configuration entry `{id}` came back without a `value`")]
     NoValue { id: String },
+    /// The engine refused this worker while the read was in flight: the SDK fails pending
+    /// calls with the refusal before `fatal_error()` reports it, so it must be told apart here.
+    #[error("{0}")]
+    Refused(SdkError),
 }
 
 /// `configuration::get {id}` -> the entry's value.
@@ -37,6 +41,9 @@ pub async fn read(iii: &IIIClient, id: &str) -> Result<Value, ConfigReadError> {
             .ok_or_else(|| ConfigReadError::NoValue { id: id.into() }),
         Err(SdkError::Remote { code, .. }) if code == "NOT_FOUND" => {
             Err(ConfigReadError::NotFound { id: id.into() })
+        }
+        Err(refusal @ SdkError::RegistrationRejected { .. }) => {
+            Err(ConfigReadError::Refused(refusal))
         }
         Err(SdkError::Remote { code, message, .. }) => Err(ConfigReadError::Failed {
             id: id.into(),

@@ -9,6 +9,7 @@ use plugin_api::host::PluginLibrary;
 
 use crate::auth::WorkerToken;
 use crate::cli::{trace_payloads_disabled, Args};
+use crate::configuration::ConfigReadError;
 use crate::serve::{register_all, Dispatcher};
 
 /// How the process ends; see the crate docs for the numbers.
@@ -59,14 +60,21 @@ pub async fn run(args: Args) -> Exit {
         .wait_until_registered(Duration::from_secs(args.connect_timeout_secs))
         .await
     {
+        if iii.fatal_error().is_some() || matches!(e, iii_sdk::Error::RegistrationRejected { .. }) {
+            return fail(
+                Exit::Refused,
+                format!("the engine refused this worker: {e}"),
+            );
+        }
         return fail(
-            refusal_or(Exit::EngineUnreachable, &iii),
+            Exit::EngineUnreachable,
             format!("cannot register with the engine at {}: {e}", args.url),
         );
     }
 
     let config = crate::configuration::read(&iii, &args.config_name).await;
-    // The engine answers in order: a refusal of our worker name arrives before this reply.
+    // The engine answers in order: a refusal of our worker name arrives before this reply,
+    // either as the read's own error or as the client's fatal error.
     if let Some(refusal) = iii.fatal_error() {
         return fail(
             Exit::Refused,
@@ -75,6 +83,12 @@ pub async fn run(args: Args) -> Exit {
     }
     let config = match config {
         Ok(config) => config,
+        Err(ConfigReadError::Refused(refusal)) => {
+            return fail(
+                Exit::Refused,
+                format!("the engine refused this worker: {refusal}"),
+            )
+        }
         Err(e) => return fail(Exit::BadSetup, e),
     };
     let plugin = match library.init(&config) {
@@ -137,13 +151,5 @@ async fn serve_until_stopped(iii: &IIIClient) -> Exit {
                 }
             }
         }
-    }
-}
-
-fn refusal_or(otherwise: Exit, iii: &IIIClient) -> Exit {
-    if iii.fatal_error().is_some() {
-        Exit::Refused
-    } else {
-        otherwise
     }
 }
