@@ -8,7 +8,9 @@ mod foundation_support;
 use std::path::Path;
 use std::time::Duration;
 
-use e2e_tests::{error_body, plugin_path, s_code, AdapterOptions, PluginKind, CALL_TIMEOUT};
+use e2e_tests::{
+    bwrap_usable, error_body, plugin_path, s_code, AdapterOptions, PluginKind, CALL_TIMEOUT,
+};
 use foundation_support::{
     assert_refused, eventually, mapped_libc, run_with_plugin, workers_named, Bare,
 };
@@ -344,4 +346,73 @@ async fn a_file_that_is_not_a_plugin_exits_2_with_one_line() {
         .await
         .expect("workers");
     assert_eq!(list["workers"].as_array().map(Vec::len), Some(1), "{list}");
+}
+
+/// `III_DISABLE_TRACE_PAYLOADS` with real sandboxes: a guest environment given to `create`,
+/// `exec` and `run`, and the output that echoes it, stay out of a debug-level log; without
+/// the switch the same calls do show up there.
+#[tokio::test(flavor = "multi_thread")]
+async fn guest_environment_stays_out_of_the_log_when_payloads_are_disabled() {
+    if !bwrap_usable("guest_environment_stays_out_of_the_log_when_payloads_are_disabled") {
+        return;
+    }
+    for disabled in [true, false] {
+        let guest = marker(if disabled {
+            "guest-silent"
+        } else {
+            "guest-loud"
+        });
+        let mut env = vec![("RUST_LOG".to_string(), "debug".to_string())];
+        if disabled {
+            env.push(("III_DISABLE_TRACE_PAYLOADS".into(), "true".into()));
+        }
+        let options = AdapterOptions {
+            env,
+            ..AdapterOptions::default()
+        };
+        let stack = e2e_tests::Stack::start(json!({}), options).await;
+        let created = stack
+            .call(
+                "create",
+                json!({"image": "python", "env": {"GUEST_A": guest}}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create: {e:?}\n{}", stack.adapter.log()));
+        let id = created["sandbox_id"].as_str().expect("sandbox_id");
+        let echoed = stack
+            .call(
+                "exec",
+                json!({"sandbox_id": id, "argv": ["/bin/sh", "-c", "echo $GUEST_A $GUEST_B"],
+                       "env": [format!("GUEST_B={guest}")]}),
+            )
+            .await
+            .expect("exec");
+        assert_eq!(echoed["stdout"], format!("{guest} {guest}\n"), "{echoed}");
+        let ran = stack
+            .call(
+                "run",
+                json!({"image": "python", "lang": "python",
+                       "code": "import os; print(os.environ['GUEST_C'])", "env": {"GUEST_C": guest}}),
+            )
+            .await
+            .expect("run");
+        assert_eq!(ran["stdout"], format!("{guest}\n"), "{ran}");
+        stack
+            .call("stop", json!({"sandbox_id": id, "wait": true}))
+            .await
+            .expect("stop");
+        let log = stack.adapter.log();
+        assert!(log.contains("DEBUG"), "debug level is on:\n{log}");
+        if disabled {
+            assert!(
+                !log.contains(&guest),
+                "guest environment in the log:\n{log}"
+            );
+        } else {
+            assert!(
+                log.contains(&guest),
+                "payloads logged without the switch:\n{log}"
+            );
+        }
+    }
 }
