@@ -272,3 +272,86 @@ async fn basic_auth_registry_with_good_and_bad_credentials() {
         assert_cache_consistent(&dir.path().join(format!("cache-{name}")));
     }
 }
+
+/// One line per entry: path, type, mode, owner, size, link target, mtime.
+fn describe_tree(root: &Path) -> Vec<String> {
+    let out = Command::new("find")
+        .arg(".")
+        .args(["-printf", "%p %y %m %U %G %s %l %T@\\n"])
+        .current_dir(root)
+        .output()
+        .expect("find");
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        // The root directory's own mtime is ours (a layer's "./" entry is not applied).
+        .filter(|l| !l.starts_with(". "))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Our unpacked roots match `umoci unpack` of the same images entry for entry (type, mode,
+/// owner, size, link target, mtime) and byte for byte.
+#[tokio::test]
+async fn unpacked_roots_match_umoci() {
+    if !real_registry::available("unpacked_roots_match_umoci") {
+        return;
+    }
+    let tools = Command::new("sh")
+        .args(["-c", "command -v skopeo && command -v umoci"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !tools {
+        println!("\n*** SKIPPED unpacked_roots_match_umoci: skopeo/umoci not installed ***\n");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let s = store(&work.path().join("cache"));
+    for (name, repo) in [
+        ("whiteout", "fixtures/whiteout:latest"),
+        ("python", "fixtures/python:latest"),
+    ] {
+        let layout = work.path().join("layout");
+        let ok = Command::new("skopeo")
+            .args(["copy", "-q", "--src-tls-verify=false"])
+            .arg(format!("docker://{}/{repo}", registry().addr))
+            .arg(format!("oci:{}:{name}", layout.display()))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "skopeo copy {name}");
+        let bundle = work.path().join(format!("bundle-{name}"));
+        let ok = Command::new("umoci")
+            .args(["unpack", "--image"])
+            .arg(format!("{}:{name}", layout.display()))
+            .arg(&bundle)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "umoci unpack {name}");
+        let theirs = bundle.join("rootfs");
+        let ours = if name == "python" {
+            s.pull_reference(&format!("{}/{repo}", registry().addr), &NoProgress)
+                .await
+                .unwrap()
+                .rootfs
+        } else {
+            s.ensure(name).await.unwrap().rootfs
+        };
+        assert_eq!(
+            describe_tree(&ours),
+            describe_tree(&theirs),
+            "{name}: metadata differs"
+        );
+        let same = Command::new("diff")
+            .arg("-r")
+            .arg("--no-dereference")
+            .arg(&ours)
+            .arg(&theirs)
+            .status()
+            .unwrap();
+        assert!(same.success(), "{name}: contents differ");
+    }
+}

@@ -65,7 +65,33 @@ pub fn write_file(path: &Path, data: &mut dyn Read, meta: &Meta) -> io::Result<u
 pub fn write_symlink(path: &Path, target: &Path, meta: &Meta) -> io::Result<()> {
     clear(path, false)?;
     std::os::unix::fs::symlink(target, path)?;
-    set_owner(path, meta)
+    set_owner(path, meta)?;
+    set_path_mtime(path, meta.mtime)
+}
+
+/// Sets the mtime (and atime) of `path` itself, never of what a symlink points to.
+pub fn set_path_mtime(path: &Path, mtime: u64) -> io::Result<()> {
+    let c = cstring(path)?;
+    let secs = libc::time_t::try_from(mtime).unwrap_or(libc::time_t::MAX);
+    let t = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: 0,
+    };
+    let times = [t, t];
+    // SAFETY: `c` is a valid NUL-terminated path and `times` two valid timespecs, both alive
+    // for the call; AT_SYMLINK_NOFOLLOW makes it act on a symlink itself.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `source` was resolved inside the root by the caller; linkat without AT_SYMLINK_FOLLOW

@@ -113,6 +113,7 @@ fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), Un
         parent_cache: None,
         writers: writers::Writers::new(WRITER_THREADS).map_err(UnpackError::Read)?,
         queued: HashSet::new(),
+        dir_mtimes: Vec::new(),
     };
     let (mut entries, mut whiteouts) = (0, 0);
     let mut run = || -> Result<(), UnpackError> {
@@ -130,6 +131,14 @@ fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), Un
     let drained = layer.settle();
     result?;
     drained?;
+    // Directory mtimes last: writing inside a directory changes its mtime. Deepest first.
+    let mut dirs = std::mem::take(&mut layer.dir_mtimes);
+    dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+    for (path, mtime) in dirs {
+        if let Err(source) = entry::set_path_mtime(&path, mtime) {
+            return Err(write_err(&path, source));
+        }
+    }
     Ok((entries, whiteouts))
 }
 
@@ -144,6 +153,8 @@ struct Layer<'a> {
     writers: writers::Writers,
     /// Paths queued to the writers since they were last idle.
     queued: HashSet<PathBuf>,
+    /// Directory entries of this layer and their mtimes, applied when the layer is done.
+    dir_mtimes: Vec<(PathBuf, u64)>,
 }
 
 impl Layer<'_> {
@@ -235,7 +246,10 @@ impl Layer<'_> {
             self.settle()?;
         }
         let result = match kind {
-            EntryType::Directory => entry::write_dir(&path, &meta),
+            EntryType::Directory => {
+                self.dir_mtimes.push((path.clone(), meta.mtime));
+                entry::write_dir(&path, &meta)
+            }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 entry::write_file(&path, e, &meta).map(|_| ())
             }
