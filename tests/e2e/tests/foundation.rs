@@ -146,6 +146,9 @@ async fn libkrun_plugin_answers_info_registers_its_schemas_and_its_worker_name()
     );
 }
 
+/// Every `worker::*` operation of SPEC.md section 6.
+const WORKER_OPERATIONS: [&str; 6] = ["prepare", "start", "status", "logs", "stop", "destroy"];
+
 /// A value that appears nowhere unless this test put it there.
 fn marker(what: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -168,16 +171,21 @@ async fn guarded_calls(bare: &Bare, token: &str, guest_env: &str, payload: &str)
         ),
         (Some(json!(7)), "auth not a string"),
     ] {
-        let mut request = json!({"vm_id": "vm1"});
-        if let Some(auth) = auth {
-            request["auth"] = auth;
+        for op in WORKER_OPERATIONS {
+            let mut request = json!({"vm_id": "vm1"});
+            if let Some(auth) = &auth {
+                request["auth"] = auth.clone();
+            }
+            let error = bare
+                .call(&format!("worker::{op}"), request)
+                .await
+                .expect_err(case);
+            assert_eq!(s_code(&error), "S505", "{op}, {case}: {error:?}");
+            assert_eq!(error_body(&error)["type"], "unauthorized", "{op}, {case}");
+            assert!(!error.message.contains(token), "{op}, {case}: token echoed");
         }
-        let error = bare.call("worker::status", request).await.expect_err(case);
-        assert_eq!(s_code(&error), "S505", "{case}: {error:?}");
-        assert_eq!(error_body(&error)["type"], "unauthorized", "{case}");
-        assert!(!error.message.contains(token), "{case}: token echoed");
     }
-    for op in ["start", "status", "stop"] {
+    for op in WORKER_OPERATIONS {
         let request = json!({
             "auth": token, "vm_id": "vm1",
             "env": {"GUEST_SECRET": guest_env}, "marker": payload,
