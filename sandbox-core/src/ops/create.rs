@@ -69,6 +69,12 @@ pub async fn create_sandbox<B: Backend>(
     let memory_mb = options.memory_mb.unwrap_or(config.default_memory_mb);
     check_request(&options, cpus, memory_mb)?;
     check_image_caps(plugin, &options.image, cpus, memory_mb)?;
+    // The image verdict (S100) comes before the host's: an empty allowlist denies every
+    // create, whatever the host can boot.
+    plugin
+        .images
+        .check_allowed(&options.image)
+        .map_err(images::error)?;
     plugin
         .backend
         .probe()
