@@ -40,35 +40,22 @@ pub enum SandboxError {
     Internal(String),
 }
 
-/// The filesystem codes S210..S219.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsCode {
-    BadRequest,
-    NotFound,
-    WrongType,
-    Exists,
-    NotEmpty,
-    Permission,
-    Io,
-    BadRegex,
-    StreamAborted,
-    Unsupported,
-}
+/// The filesystem codes S210..S219 are the agent protocol's: the agent decides them.
+pub use agent_proto::FsErrorCode as FsCode;
 
-impl FsCode {
-    fn code_and_kind(self) -> (&'static str, &'static str) {
-        match self {
-            FsCode::BadRequest => ("S210", "fs_bad_request"),
-            FsCode::NotFound => ("S211", "fs_not_found"),
-            FsCode::WrongType => ("S212", "fs_wrong_type"),
-            FsCode::Exists => ("S213", "fs_exists"),
-            FsCode::NotEmpty => ("S214", "fs_not_empty"),
-            FsCode::Permission => ("S215", "fs_permission"),
-            FsCode::Io => ("S216", "fs_io"),
-            FsCode::BadRegex => ("S217", "fs_bad_regex"),
-            FsCode::StreamAborted => ("S218", "fs_stream_aborted"),
-            FsCode::Unsupported => ("S219", "fs_unsupported"),
-        }
+/// The body's `type` for a filesystem code.
+fn fs_kind(code: FsCode) -> &'static str {
+    match code {
+        FsCode::BadRequest => "fs_bad_request",
+        FsCode::NotFound => "fs_not_found",
+        FsCode::WrongType => "fs_wrong_type",
+        FsCode::Exists => "fs_exists",
+        FsCode::NotEmpty => "fs_not_empty",
+        FsCode::Permission => "fs_permission",
+        FsCode::Io => "fs_io",
+        FsCode::BadRegex => "fs_bad_regex",
+        FsCode::StreamAborted => "fs_stream_aborted",
+        FsCode::Unsupported => "fs_unsupported",
     }
 }
 
@@ -84,7 +71,7 @@ impl SandboxError {
             SandboxError::ImageNotInstalled(_) => ("S101", "image_not_installed"),
             SandboxError::PullFailed(_) => ("S102", "image_pull_failed"),
             SandboxError::ExecTimedOut { .. } => ("S200", "exec_timeout"),
-            SandboxError::Fs { code, .. } => code.code_and_kind(),
+            SandboxError::Fs { code, .. } => (code.s_code(), fs_kind(*code)),
             SandboxError::BootFailed(_) => ("S300", "vm_boot_failed"),
             SandboxError::ResourceLimit(_) => ("S400", "resource_limit"),
             SandboxError::HostPathOutside(_) => ("S501", "host_path_outside_roots"),

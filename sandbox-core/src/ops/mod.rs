@@ -8,26 +8,14 @@ pub mod list;
 pub mod run;
 pub mod stop;
 
-use agent_proto::{FsError, FsErrorCode};
+use agent_proto::FsError;
 
-use crate::error::{FsCode, SandboxError};
+use crate::error::SandboxError;
 
 /// An agent's filesystem refusal as our S21x error.
 pub fn fs_error(error: FsError) -> SandboxError {
-    let code = match error.code {
-        FsErrorCode::BadRequest => FsCode::BadRequest,
-        FsErrorCode::NotFound => FsCode::NotFound,
-        FsErrorCode::WrongType => FsCode::WrongType,
-        FsErrorCode::Exists => FsCode::Exists,
-        FsErrorCode::NotEmpty => FsCode::NotEmpty,
-        FsErrorCode::Permission => FsCode::Permission,
-        FsErrorCode::Io => FsCode::Io,
-        FsErrorCode::BadRegex => FsCode::BadRegex,
-        FsErrorCode::StreamAborted => FsCode::StreamAborted,
-        FsErrorCode::Unsupported => FsCode::Unsupported,
-    };
     SandboxError::Fs {
-        code,
+        code: error.code,
         message: error.message,
         fix: None,
     }
