@@ -14,15 +14,19 @@
 //! | manifests, platform choice | `manifest.rs` |
 //! | registry access (oci-client) | `pull.rs`, `auth.rs`, `reference.rs` |
 //! | cache layout, locks | `cache.rs`, `lock.rs` |
-//! | unpack (whiteouts, diff_id, safe paths) | `unpack/` |
+//! | unpack: entries, whiteouts, diff_id | `unpack/mod.rs`, `unpack/entry.rs` |
+//! | unpack: safe path resolution | `unpack/resolve.rs` |
+//! | unpack: inflate thread, parallel writers, PAX | `unpack/pipe.rs`, `unpack/writers.rs`, `unpack/pax.rs` |
 //! | progress | `progress.rs` |
-//! | the facade | `store.rs` |
+//! | the facade: catalog, `ensure`, cached lookups | `store.rs` |
+//! | installing: resolve, lock, download, unpack, rename | `install.rs` |
 
 mod auth;
 mod cache;
 mod catalog;
 mod digest;
 mod error;
+mod install;
 mod lock;
 mod manifest;
 mod progress;

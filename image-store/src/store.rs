@@ -2,25 +2,17 @@
 //! (resolve, lock, download missing blobs, unpack into a temporary root, rename into place).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
-
-use futures::{StreamExt, TryStreamExt};
-use oci_client::Reference;
 
 use crate::cache::{Cache, RootRecord};
 use crate::catalog::{known_images, CatalogEntry, Known};
 use crate::digest::Digest;
 use crate::error::ImageError;
-use crate::lock::FileLock;
-use crate::manifest::{parse_config, ImageRuntimeConfig};
+use crate::manifest::ImageRuntimeConfig;
 use crate::progress::{PullProgress, TracingProgress};
-use crate::pull::{io_err, PullError, Registry, Resolved};
+use crate::pull::Registry;
 use crate::settings::ImageSettings;
-use crate::unpack;
-
-/// Layer downloads in flight at once for one image.
-const PARALLEL_DOWNLOADS: usize = 4;
 
 /// A root filesystem ready to boot. `rootfs` is shared by every sandbox of this image and
 /// **must be treated as read-only**: put a writable layer on top, never write into it.
@@ -36,18 +28,18 @@ pub struct PreparedImage {
 /// The image store. Cheap to clone (an `Arc` inside); `Send + Sync`.
 #[derive(Clone)]
 pub struct ImageStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    settings: ImageSettings,
-    known: Vec<Known>,
-    cache: Cache,
-    registry: Registry,
+pub(crate) struct Inner {
+    pub(crate) settings: ImageSettings,
+    pub(crate) known: Vec<Known>,
+    pub(crate) cache: Cache,
+    pub(crate) registry: Registry,
     /// One gate per reference, so parallel callers in this process share one pull.
-    gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Roots already looked up, by reference (the fast path of `ensure`).
-    ready: RwLock<HashMap<String, PreparedImage>>,
+    pub(crate) ready: RwLock<HashMap<String, PreparedImage>>,
 }
 
 impl ImageStore {
@@ -155,7 +147,7 @@ impl ImageStore {
     }
 
     /// The cached root of `oci_ref`, from memory or from the cache's ref records.
-    fn cached(&self, oci_ref: &str, name: &str) -> Option<PreparedImage> {
+    pub(crate) fn cached(&self, oci_ref: &str, name: &str) -> Option<PreparedImage> {
         if let Ok(ready) = self.inner.ready.read() {
             if let Some(p) = ready.get(oci_ref) {
                 if p.rootfs.is_dir() {
@@ -170,7 +162,7 @@ impl ImageStore {
         Some(self.remember(oci_ref, name, &digest, rec))
     }
 
-    fn remember(
+    pub(crate) fn remember(
         &self,
         oci_ref: &str,
         name: &str,
@@ -190,7 +182,7 @@ impl ImageStore {
         p
     }
 
-    fn gate(&self, oci_ref: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn gate(&self, oci_ref: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut gates = match self.inner.gates.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
