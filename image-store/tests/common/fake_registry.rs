@@ -28,6 +28,8 @@ pub enum Fault {
     AbortMidStream,
     /// Layer blobs stream half their bytes and then hang (never finish).
     Stall,
+    /// Layer blobs are served correctly after this many milliseconds.
+    Delay(u64),
 }
 
 #[derive(Default)]
@@ -131,6 +133,57 @@ async fn root(State(reg): State<FakeRegistry>, headers: HeaderMap) -> Response {
     "{}".into_response()
 }
 
+/// Counts the request and answers manifests and errors directly; for a blob returns its bytes
+/// and the fault to apply (the lock is released before any await).
+fn lookup(
+    reg: &FakeRegistry,
+    method: &Method,
+    headers: &HeaderMap,
+    rest: &str,
+) -> Result<(Vec<u8>, Fault), Response> {
+    let mut g = reg.inner.lock().unwrap();
+    *g.counts.entry(format!("{method} {rest}")).or_default() += 1;
+    if g.bearer.is_some() && !bearer_ok(headers) {
+        drop(g);
+        return Err(challenge(reg));
+    }
+    if let Some((repo, reference)) = rest.split_once("/manifests/") {
+        return Err(match g.manifests.get(&format!("{repo}:{reference}")) {
+            Some(m) => {
+                let body = if method == Method::HEAD {
+                    Vec::new()
+                } else {
+                    m.clone()
+                };
+                let headers = [
+                    (
+                        header::CONTENT_TYPE,
+                        "application/vnd.oci.image.manifest.v1+json".to_string(),
+                    ),
+                    (
+                        header::HeaderName::from_static("docker-content-digest"),
+                        super::oci::sha(m),
+                    ),
+                ];
+                (headers, body).into_response()
+            }
+            None => StatusCode::NOT_FOUND.into_response(),
+        });
+    }
+    let Some((_, digest)) = rest.split_once("/blobs/") else {
+        return Err(StatusCode::NOT_FOUND.into_response());
+    };
+    let Some(blob) = g.blobs.get(digest).cloned() else {
+        return Err(StatusCode::NOT_FOUND.into_response());
+    };
+    let fault = if g.layers.contains(digest) {
+        g.fault.clone().unwrap_or(Fault::None)
+    } else {
+        Fault::None
+    };
+    Ok((blob, fault))
+}
+
 /// The token endpoint: checks Basic credentials, hands out a fixed token.
 async fn token(State(reg): State<FakeRegistry>, headers: HeaderMap) -> Response {
     use base64::Engine as _;
@@ -157,49 +210,16 @@ async fn serve(
     headers: HeaderMap,
     Path(rest): Path<String>,
 ) -> Response {
-    let mut g = reg.inner.lock().unwrap();
-    *g.counts.entry(format!("{method} {rest}")).or_default() += 1;
-    if g.bearer.is_some() && !bearer_ok(&headers) {
-        drop(g);
-        return challenge(&reg);
-    }
-    if let Some((repo, reference)) = rest.split_once("/manifests/") {
-        return match g.manifests.get(&format!("{repo}:{reference}")) {
-            Some(m) => (
-                [
-                    (
-                        header::CONTENT_TYPE,
-                        "application/vnd.oci.image.manifest.v1+json".to_string(),
-                    ),
-                    (
-                        header::HeaderName::from_static("docker-content-digest"),
-                        super::oci::sha(m),
-                    ),
-                ],
-                if method == Method::HEAD {
-                    Vec::new()
-                } else {
-                    m.clone()
-                },
-            )
-                .into_response(),
-            None => StatusCode::NOT_FOUND.into_response(),
-        };
-    }
-    let Some((_, digest)) = rest.split_once("/blobs/") else {
-        return StatusCode::NOT_FOUND.into_response();
+    let (mut blob, fault) = match lookup(&reg, &method, &headers, &rest) {
+        Ok(found) => found,
+        Err(response) => return response,
     };
-    let Some(mut blob) = g.blobs.get(digest).cloned() else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let fault = if g.layers.contains(digest) {
-        g.fault.clone().unwrap_or(Fault::None)
-    } else {
-        Fault::None
-    };
-    drop(g);
     match fault {
         Fault::None => blob.into_response(),
+        Fault::Delay(ms) => {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            blob.into_response()
+        }
         Fault::WrongDigest => {
             let mid = blob.len() / 2;
             blob[mid] ^= 0xff;
