@@ -78,6 +78,8 @@ struct Stack {
     _engine: EngineHandle,
     client: Client,
     adapter: Child,
+    /// The adapter's stderr: its per-phase timings of each create and stop.
+    log: PathBuf,
     _state: tempfile::TempDir,
 }
 
@@ -85,6 +87,8 @@ impl Stack {
     async fn start(profile: &Path, agent: &Path) -> BenchResult<Stack> {
         let state = tempfile::tempdir().map_err(|e| e.to_string())?;
         let config = config_with(state.path(), json!({}));
+        let log = state.path().join("adapter.log");
+        let log_file = std::fs::File::create(&log).map_err(|e| format!("adapter log: {e}"))?;
         let engine = Engine::with_config("sandbox-libkrun", config)
             .start("127.0.0.1:0".parse().map_err(|_| "address")?)
             .await
@@ -104,9 +108,11 @@ impl Stack {
         .env("III_WORKER_NAME", "sandbox-libkrun")
         .env("III_CONFIG_NAME", "sandbox-libkrun")
         .env("SANDBOX_AGENT_PATH", agent)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        .stderr(log_file)
         .spawn()
         .map_err(|e| format!("start the adapter: {e}"))?;
         let client = Client::connect(&engine.url())
@@ -124,6 +130,7 @@ impl Stack {
             _engine: engine,
             client,
             adapter,
+            log,
             _state: state,
         })
     }
@@ -166,6 +173,53 @@ impl Drop for Stack {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.adapter.wait();
     }
+}
+
+/// Median of each `key=<ms>` field over the adapter's log lines holding `message`, from
+/// line `from` on (ANSI colours stripped).
+fn logged_phases(log: &Path, message: &str, from: usize, keys: &[&str]) -> Vec<f64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<String> = text
+        .lines()
+        .skip(from)
+        .filter(|line| line.contains(message))
+        .map(strip_ansi)
+        .collect();
+    keys.iter()
+        .map(|key| {
+            let prefix = format!("{key}=");
+            let mut values: Vec<f64> = lines
+                .iter()
+                .filter_map(|line| {
+                    line.split_whitespace()
+                        .find_map(|token| token.strip_prefix(&prefix)?.parse().ok())
+                })
+                .collect();
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn log_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |t| t.lines().count())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -369,6 +423,7 @@ async fn bench(n: usize) -> BenchResult<()> {
         stack.call("adapter::info", json!({})).await.map(drop)
     })
     .await?;
+    let creates_from = log_lines(&stack.log);
     let mut creates = Vec::with_capacity(n);
     let mut firsts = Vec::with_capacity(n);
     let mut totals = Vec::with_capacity(n);
@@ -383,6 +438,12 @@ async fn bench(n: usize) -> BenchResult<()> {
         stack.stop(&id).await?;
     }
     let (create, first, total) = (median(creates), median(firsts), median(totals));
+    let create_phases = ["image_ms", "layer_ms", "boot_ms", "hello_ms"];
+    let [image_ms, layer_ms, boot_ms, hello_ms] =
+        logged_phases(&stack.log, "sandbox created", creates_from, &create_phases)[..]
+    else {
+        return Err("create phases".into());
+    };
 
     let live = stack.create().await?;
     let exec_true = timed(n, || async {
@@ -392,6 +453,7 @@ async fn bench(n: usize) -> BenchResult<()> {
     let py = ["python3", "-c", "print(6*7)"];
     let exec_py = timed(n, || async { stack.exec(&live, &py).await.map(drop) }).await?;
     stack.stop(&live).await?;
+    let runs_from = log_lines(&stack.log);
     let run_payload = json!({"image": "python", "code": "print(6*7)", "lang": "python"});
     let run = timed(n, || async {
         let result = stack.call("run", run_payload.clone()).await?;
@@ -400,6 +462,13 @@ async fn bench(n: usize) -> BenchResult<()> {
             .ok_or_else(|| format!("run answered {result}"))
     })
     .await?;
+
+    let stop_phases = ["goodbye_ms", "kill_ms", "layer_ms"];
+    let [goodbye_ms, kill_ms, unlayer_ms] =
+        logged_phases(&stack.log, "sandbox stopped", runs_from, &stop_phases)[..]
+    else {
+        return Err("stop phases".into());
+    };
 
     let rounds = (n / 5).max(3);
     let mut parallel = Vec::with_capacity(rounds);
@@ -423,8 +492,14 @@ async fn bench(n: usize) -> BenchResult<()> {
             baseline: format!("bare bwrap /bin/true {:.2} ms", ms(bare_bwrap)),
             ratio: format!("{} (goal <=2x)", ratio(total, bare_bwrap)),
             breakdown: format!(
-                "create {:.2} (of which engine rtt {:.2}; bwrap+agent hello direct {:.2}) + first exec {:.2} (direct {:.2})",
-                ms(create), ms(rtt), ms(hello), ms(first), ms(direct_first)
+                "create {:.2} [engine rtt {:.2}, image {image_ms:.2}, layer dir {layer_ms:.2}, \
+                 spawn {boot_ms:.2}, agent ready {hello_ms:.2}; bare bwrap+agent hello {:.2}] \
+                 + first exec {:.2} [direct to the agent {:.2}]",
+                ms(create),
+                ms(rtt),
+                ms(hello),
+                ms(first),
+                ms(direct_first)
             ),
         },
         Row {
@@ -446,7 +521,8 @@ async fn bench(n: usize) -> BenchResult<()> {
             baseline: format!("create->first exec {:.2} ms", ms(total)),
             ratio: ratio(run, total),
             breakdown: format!(
-                "create {:.2} + python3 print(6*7) exec {:.2} + files, stop {:.2}",
+                "create {:.2} + python3 exec {:.2} + code file and teardown {:.2} \
+                 [teardown: agent goodbye {goodbye_ms:.2}, kill {kill_ms:.2}, layer {unlayer_ms:.2}]",
                 ms(create),
                 ms(exec_py),
                 ms(run) - ms(create) - ms(exec_py)
