@@ -180,8 +180,8 @@ async fn main() -> Result<()> {
     }
     let ours = median(cold);
     println!(
-        "image-bench: {}/{} from {} ({} runs, median)",
-        reg.addr, args.image, reg.addr, runs
+        "image-bench: {}/{} ({runs} runs, median)",
+        reg.addr, args.image
     );
     println!("{:<44} {:>12} {:>10}", "method", "ms", "ratio");
     if have_skopeo {
