@@ -85,6 +85,22 @@ async fn command_shapes_stdin_env_workdir_and_exit_codes() {
         "stdin arrives byte for byte: {same}"
     );
 
+    // Stdin larger than any pipe buffer, to programs that read part of it or none at all.
+    let big_stdin = b64(&vec![b'z'; 3 * MIB]);
+    let part = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["head", "-c", "5"], "stdin": big_stdin}),
+    )
+    .await;
+    assert_eq!(
+        (stdout(&part), &part["exit_code"]),
+        ("zzzzz", &json!(0)),
+        "{part}"
+    );
+    let none = exec_ok(&stack, &id, json!({"argv": ["true"], "stdin": big_stdin})).await;
+    assert_eq!(none["exit_code"], 0, "{none}");
+
     // env: the create env is the base, the exec env overrides it, in either shape.
     let show = "echo \"$FROM_CREATE|$SHARED|$FROM_EXEC\"";
     let base = exec_ok(&stack, &id, sh(show)).await;
@@ -167,6 +183,14 @@ async fn timeouts_are_clamped_carry_partial_output_and_kill_every_descendant() {
         took < ceiling_ms,
         "the asked 200 ms were used, not the ceiling: {took}"
     );
+
+    // A program printing without end: S200 whose partial output is still capped.
+    let mut endless = sh("yes endless");
+    endless["timeout_ms"] = json!(1000);
+    let (code, body) = expect_err(exec(&stack, &id, endless).await, "endless output");
+    assert_eq!(code, "S200");
+    assert_eq!(body["output"]["stdout"].as_str().map(str::len), Some(MIB));
+    assert_eq!(body["output"]["stdout_truncated"], true);
 
     // A grandchild (own shell, same process group) writes its pid; the timeout kills it too.
     let mut tree =
