@@ -151,6 +151,25 @@ async fn exec_cap_image_caps_unknown_and_stopped_sandboxes() {
     assert_eq!(code, "S004", "{body}");
     assert!(!live_ids(&stack).await.contains(&id));
 
+    // A stop during an exec ends that exec with S004 instead of leaving it hanging.
+    let busy = create(&stack, "python", json!({})).await;
+    let mut long = sh("echo started; sleep 1000");
+    long["timeout_ms"] = json!(120_000);
+    let (interrupted, _) = tokio::join!(exec(&stack, &busy, long), async {
+        let running = sandbox_support::eventually(std::time::Duration::from_secs(30), || async {
+            let list = stack.call("list", json!({})).await.expect("list");
+            list["sandboxes"].as_array().is_some_and(|all| {
+                all.iter()
+                    .any(|s| s["sandbox_id"] == busy.as_str() && s["exec_in_flight"] == 1)
+            })
+        })
+        .await;
+        assert!(running, "the long exec never showed in list");
+        stop(&stack, &busy, true).await
+    });
+    let (code, body) = expect_err(interrupted, "exec interrupted by stop");
+    assert_eq!(code, "S004", "{body}");
+
     // `wait`: once it answers, the sandbox and its layer are gone.
     let waited = create(&stack, "python", json!({})).await;
     let layer = stack.state_dir.path().join("sandboxes").join(&waited);
