@@ -95,7 +95,7 @@ fn remove_when_empty(dir: &Path) {
             Ok(()) => return,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return,
             Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => {
                 tracing::warn!(group = %dir.display(), error = %e, "cannot remove the sandbox's cgroup");
