@@ -7,7 +7,6 @@
 //! `plugin-bwrap` in the same profile; needs root and bubblewrap. The static agent comes from
 //! `SANDBOX_AGENT_PATH`, else `<target>/<arch>-unknown-linux-gnu/release/sandbox-agent`.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -231,19 +230,18 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples.get(samples.len() / 2).copied().unwrap_or_default()
 }
 
-/// Median of `n` timed runs of `step`.
-async fn timed<F, Fut>(n: usize, mut step: F) -> BenchResult<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = BenchResult<()>>,
-{
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let start = Instant::now();
-        step().await?;
-        samples.push(start.elapsed());
+/// Samples of each measure, by name.
+#[derive(Default)]
+struct Samples(std::collections::BTreeMap<&'static str, Vec<Duration>>);
+
+impl Samples {
+    fn add(&mut self, key: &'static str, sample: Duration) {
+        self.0.entry(key).or_default().push(sample);
     }
-    Ok(median(samples))
+
+    fn median(&self, key: &str) -> Duration {
+        median(self.0.get(key).cloned().unwrap_or_default())
+    }
 }
 
 fn spawn_and_wait(program: &str, args: &[&str]) -> BenchResult<()> {
@@ -397,85 +395,90 @@ async fn bench(n: usize) -> BenchResult<()> {
     stack.stop(&warm).await?;
     let root = python_root()?;
 
-    // Baselines on the host.
-    let host_true = timed(n, || async { spawn_and_wait("/bin/true", &[]) }).await?;
+    // Every measure is sampled once per iteration, interleaved, so that the load of a shared
+    // machine weighs on each subject and its baseline alike.
     let true_args = bare_bwrap_args(&root, &["/bin/true"])?;
     let true_args: Vec<&str> = true_args.iter().map(String::as_str).collect();
-    let bare_bwrap = timed(n, || async { spawn_and_wait("bwrap", &true_args) }).await?;
-    let mut hello = Vec::with_capacity(n);
-    let mut direct_first = Vec::with_capacity(n);
+    let py = ["python3", "-c", "print(6*7)"];
+    let run_payload = json!({"image": "python", "code": "print(6*7)", "lang": "python"});
+    let live = stack.create().await?;
+    let direct_live = direct_agent(&root, &agent_text).await?;
+    let measured_from = log_lines(&stack.log);
+    let mut samples = Samples::default();
     for _ in 0..n {
+        let start = Instant::now();
+        spawn_and_wait("/bin/true", &[])?;
+        samples.add("host_true", start.elapsed());
+        let start = Instant::now();
+        spawn_and_wait("bwrap", &true_args)?;
+        samples.add("bare_bwrap", start.elapsed());
+
         let start = Instant::now();
         let direct = direct_agent(&root, &agent_text).await?;
-        hello.push(start.elapsed());
+        samples.add("hello", start.elapsed());
         let start = Instant::now();
         direct.exec_true().await?;
-        direct_first.push(start.elapsed());
+        samples.add("direct_first", start.elapsed());
         direct.end().await;
-    }
-    let (hello, direct_first) = (median(hello), median(direct_first));
-    let direct = direct_agent(&root, &agent_text).await?;
-    let direct_exec = timed(n, || direct.exec_true()).await?;
-    direct.end().await;
+        let start = Instant::now();
+        direct_live.exec_true().await?;
+        samples.add("direct_exec", start.elapsed());
 
-    // Through the engine.
-    let rtt = timed(n, || async {
-        stack.call("adapter::info", json!({})).await.map(drop)
-    })
-    .await?;
-    let creates_from = log_lines(&stack.log);
-    let mut creates = Vec::with_capacity(n);
-    let mut firsts = Vec::with_capacity(n);
-    let mut totals = Vec::with_capacity(n);
-    for _ in 0..n {
+        let start = Instant::now();
+        stack.call("adapter::info", json!({})).await?;
+        samples.add("rtt", start.elapsed());
+        let start = Instant::now();
+        stack.exec(&live, &["/bin/true"]).await?;
+        samples.add("exec_true", start.elapsed());
+        let start = Instant::now();
+        stack.exec(&live, &py).await?;
+        samples.add("exec_py", start.elapsed());
+
         let start = Instant::now();
         let id = stack.create().await?;
         let created = start.elapsed();
         stack.exec(&id, &["/bin/true"]).await?;
-        totals.push(start.elapsed());
-        firsts.push(start.elapsed() - created);
-        creates.push(created);
+        samples.add("total", start.elapsed());
+        samples.add("first", start.elapsed() - created);
+        samples.add("create", created);
         stack.stop(&id).await?;
-    }
-    let (create, first, total) = (median(creates), median(firsts), median(totals));
-    let create_phases = ["image_ms", "layer_ms", "boot_ms", "hello_ms"];
-    let [image_ms, layer_ms, boot_ms, hello_ms] =
-        logged_phases(&stack.log, "sandbox created", creates_from, &create_phases)[..]
-    else {
-        return Err("create phases".into());
-    };
 
-    let live = stack.create().await?;
-    let exec_true = timed(n, || async {
-        stack.exec(&live, &["/bin/true"]).await.map(drop)
-    })
-    .await?;
-    let py = ["python3", "-c", "print(6*7)"];
-    let exec_py = timed(n, || async { stack.exec(&live, &py).await.map(drop) }).await?;
-    stack.stop(&live).await?;
-    // The same python in a sandbox that never ran it (fresh overlay), as `run` does.
-    let mut fresh_py = Vec::with_capacity(n);
-    for _ in 0..n {
+        // The same python in a sandbox that never ran it (fresh overlay), as `run` does.
         let id = stack.create().await?;
         let start = Instant::now();
         stack.exec(&id, &py).await?;
-        fresh_py.push(start.elapsed());
+        samples.add("fresh_py", start.elapsed());
         stack.stop(&id).await?;
-    }
-    let fresh_py = median(fresh_py);
-    let runs_from = log_lines(&stack.log);
-    let run_payload = json!({"image": "python", "code": "print(6*7)", "lang": "python"});
-    let run = timed(n, || async {
-        let result = stack.call("run", run_payload.clone()).await?;
-        (result["stdout"] == "42\n")
-            .then_some(())
-            .ok_or_else(|| format!("run answered {result}"))
-    })
-    .await?;
 
+        let start = Instant::now();
+        let result = stack.call("run", run_payload.clone()).await?;
+        if result["stdout"] != "42\n" {
+            return Err(format!("run answered {result}"));
+        }
+        samples.add("run", start.elapsed());
+    }
+    stack.stop(&live).await?;
+    direct_live.end().await;
+    let m = |key: &str| samples.median(key);
+    let (host_true, bare_bwrap, hello, direct_first) = (
+        m("host_true"),
+        m("bare_bwrap"),
+        m("hello"),
+        m("direct_first"),
+    );
+    let (direct_exec, rtt, exec_true, exec_py) =
+        (m("direct_exec"), m("rtt"), m("exec_true"), m("exec_py"));
+    let (create, first, total) = (m("create"), m("first"), m("total"));
+    let (fresh_py, run) = (m("fresh_py"), m("run"));
+    let create_phases = ["image_ms", "layer_ms", "boot_ms", "hello_ms"];
+    let [image_ms, layer_ms, boot_ms, hello_ms] =
+        logged_phases(&stack.log, "sandbox created", measured_from, &create_phases)[..]
+    else {
+        return Err("create phases".into());
+    };
     let stop_phases = ["goodbye_ms", "kill_ms", "layer_ms"];
     let [goodbye_ms, kill_ms, unlayer_ms] =
-        logged_phases(&stack.log, "sandbox stopped", runs_from, &stop_phases)[..]
+        logged_phases(&stack.log, "sandbox stopped", measured_from, &stop_phases)[..]
     else {
         return Err("stop phases".into());
     };
