@@ -1,43 +1,33 @@
 //! The libkrun plugin: sandbox-core over libkrun microVMs. Adapter name `sandbox-libkrun`.
 //!
-//! Each VM runs in its own child process (`sandbox-libkrun-vm`, crate `vm-runner`), because
-//! `krun_start_enter` never returns. This crate itself holds no VM code.
+//! Each sandbox is one `sandbox-libkrun-vm` process (crate `vm-runner`), because
+//! `krun_start_enter` never returns: the runner mounts the sandbox's overlay root in a private
+//! mount namespace, boots the microVM and runs the static agent in it, which dials back over a
+//! vsock port bridged to a unix socket this plugin listens on. This crate holds no VM code and
+//! no `unsafe`; it builds the runner's specification and owns its process.
+//!
+//! | module | concern |
+//! | --- | --- |
+//! | [`backend`] | the `Backend`: probe, boot (listen, spawn, accept), the runner process |
+//! | `vm_spec` | the runner's specification for one sandbox |
+//! | `layout` | the files of a sandbox's layer directory (agent copy, socket, logs) |
+//! | `failure` | boot errors, with the exit status and the console log's tail |
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
+mod failure;
+mod layout;
+mod vm_spec;
+
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use plugin_api::{Manifest, Plugin};
-use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxPlugin};
+use sandbox_core::SandboxPlugin;
+
+pub use backend::LibkrunBackend;
 
 pub const ADAPTER: &str = "sandbox-libkrun";
-
-pub struct LibkrunBackend;
-
-#[async_trait]
-impl Backend for LibkrunBackend {
-    fn name(&self) -> &'static str {
-        "libkrun"
-    }
-
-    fn probe(&self) -> Result<(), HostUnfit> {
-        probe::host_can_boot()
-    }
-
-    async fn boot(&self, _spec: &BootSpec) -> Result<Booted, SandboxError> {
-        self.probe()
-            .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
-        // Booting through `sandbox-libkrun-vm` (vsock-bridged agent) is the next step; until it
-        // lands, say so instead of pretending.
-        Err(SandboxError::BootFailed(
-            "this build of the libkrun plugin does not boot sandboxes yet; use the bwrap plugin"
-                .into(),
-        ))
-    }
-}
-
-mod probe;
 
 fn manifest() -> Manifest {
     sandbox_core::functions::manifest(ADAPTER, env!("CARGO_PKG_VERSION"))
@@ -48,7 +38,7 @@ fn init(config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
-        LibkrunBackend,
+        LibkrunBackend::new(),
     )?)
 }
 

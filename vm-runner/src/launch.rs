@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use crate::firmware::{self, FirmwareError};
 use crate::krun::{Context, KrunError};
 use crate::launch_file::{self, INIT_PATH, LAUNCH_PATH};
+use crate::overlay::{self, OverlayError};
 use crate::probe::{self, HostUnfit};
 use crate::spec::{VmSpec, VsockDirection};
 
@@ -18,6 +19,8 @@ pub enum LaunchError {
     HostUnfit(#[from] HostUnfit),
     #[error(transparent)]
     Firmware(#[from] FirmwareError),
+    #[error(transparent)]
+    Overlay(#[from] OverlayError),
     #[error(transparent)]
     Krun(#[from] KrunError),
     #[error("cannot arrange to die with the parent process: {0}")]
@@ -48,6 +51,10 @@ pub fn die_with_parent() -> Result<(), LaunchError> {
 pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
+    // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
+    if let Some(root_overlay) = &spec.root_overlay {
+        overlay::mount_private(&spec.root, root_overlay)?;
+    }
 
     let ctx = Context::new()?;
     ctx.set_vm_config(spec.vcpus, spec.memory_mib)?;

@@ -67,6 +67,7 @@ mod tests {
             vcpus: 1,
             memory_mib: 128,
             root: "/".into(),
+            root_overlay: None,
             shares: vec![crate::spec::Share {
                 tag: "data".into(),
                 host_path: "/".into(),

@@ -12,12 +12,14 @@
 //! | [`probe`] | can this host boot a guest (KVM that is not PVM, libkrunfw present) |
 //! | [`launch_file`] | what the guest init shim reads: shares, argv, env, byte for byte |
 //! | [`launch`] | configure libkrun from a specification and boot |
-//! | `krun`, `firmware` | the only `unsafe`: libkrun calls, loading libkrunfw |
+//! | `overlay` | the optional writable root (overlay in a private mount namespace) |
+//! | `krun`, `firmware`, `overlay` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
 //!
 //! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
 //!
 //! ```json
 //! {"vcpus": 1, "memory_mib": 512, "root": "/abs/rootfs",
+//!  "root_overlay": {"lower": "/abs/image", "upper": "/abs/upper", "work": "/abs/work"},
 //!  "shares": [{"tag": "work", "host_path": "/abs/dir", "guest_path": "/work", "read_only": false}],
 //!  "vsock": [{"port": 1024, "socket": "/abs/agent.sock", "direction": "guest-listens"}],
 //!  "workload": "/sbin/agent", "argv": ["--flag", "a \"quoted\" arg"], "env": {"K": "v"},
@@ -28,7 +30,10 @@
 //! the guest through a launch file read by a static init shim (`guest/vm-init.c`) that
 //! libkrun's own init starts, never through the kernel command line. `network: false`
 //! (default) removes libkrun's TSI, so the guest has only its own loopback; vsock bridges
-//! still work. The guest gets `PATH` and `HOME=/root` unless `env` sets them.
+//! still work. The guest gets `PATH` and `HOME=/root` unless `env` sets them. With
+//! `root_overlay` (needs root), `root` is only a mount point: the runner mounts the overlay
+//! there in a private mount namespace of its own, so the guest writes go to `upper` and the
+//! mount dies with the runner.
 //!
 //! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
 //! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
@@ -38,8 +43,9 @@ mod firmware;
 mod krun;
 pub mod launch;
 pub mod launch_file;
+mod overlay;
 pub mod probe;
 pub mod spec;
 
 pub use probe::{host_can_boot, HostUnfit};
-pub use spec::{SpecError, VmSpec};
+pub use spec::{RootOverlay, SpecError, VmSpec};

@@ -55,6 +55,20 @@ pub struct VsockPort {
     pub direction: VsockDirection,
 }
 
+/// A writable root made of a read-only lower directory and a writable upper one, mounted
+/// by the runner over `root` in its own private mount namespace before the VM starts. The
+/// mount is seen by nobody else and vanishes with the runner, even after a `kill -9`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RootOverlay {
+    /// Read-only content (never written).
+    pub lower: PathBuf,
+    /// Receives every change the guest makes.
+    pub upper: PathBuf,
+    /// overlayfs's scratch directory; same filesystem as `upper`, empty.
+    pub work: PathBuf,
+}
+
 /// The whole VM specification, as read from JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,6 +77,9 @@ pub struct VmSpec {
     pub memory_mib: u32,
     /// Host directory used as the guest's root filesystem (virtio-fs).
     pub root: PathBuf,
+    /// Mount an overlay over `root` first (see [`RootOverlay`]).
+    #[serde(default)]
+    pub root_overlay: Option<RootOverlay>,
     #[serde(default)]
     pub shares: Vec<Share>,
     #[serde(default)]
@@ -116,6 +133,8 @@ pub enum SpecError {
     BadEnvName(String),
     #[error("{0} arguments and environment entries exceed the limit of {MAX_ARGS_AND_ENV}")]
     TooManyArgs(usize),
+    #[error("root_overlay {field} {path:?} holds a character overlayfs options cannot carry (',', ':' or '\\')")]
+    OverlayPath { field: &'static str, path: PathBuf },
     #[error("console_log {0:?}: its directory does not exist")]
     BadConsoleLog(PathBuf),
 }
@@ -137,6 +156,22 @@ impl VmSpec {
             return Err(SpecError::Memory(self.memory_mib));
         }
         existing_dir("root", &self.root)?;
+        if let Some(overlay) = &self.root_overlay {
+            for (field, path) in [
+                ("lower", &overlay.lower),
+                ("upper", &overlay.upper),
+                ("work", &overlay.work),
+            ] {
+                existing_dir("root_overlay", path)?;
+                let bytes = path.as_os_str().as_encoded_bytes();
+                if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+                    return Err(SpecError::OverlayPath {
+                        field,
+                        path: path.clone(),
+                    });
+                }
+            }
+        }
         self.validate_shares()?;
         self.validate_vsock()?;
         guest_absolute("workload", &self.workload)?;
@@ -339,6 +374,30 @@ mod tests {
             {"port": 5, "socket": sock, "direction": "guest-listens"}
         ]);
         assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn root_overlay_dirs_must_exist_and_be_mountable() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = json!({"lower": dir.path(), "upper": dir.path(), "work": dir.path()});
+        let mut v = base(dir.path());
+        v["root_overlay"] = ok.clone();
+        assert!(check(v).unwrap().root_overlay.is_some());
+        let mut missing = ok.clone();
+        missing["upper"] = json!(dir.path().join("missing"));
+        let mut v = base(dir.path());
+        v["root_overlay"] = missing;
+        assert!(matches!(check(v), Err(SpecError::NotADirectory { .. })));
+        let odd = dir.path().join("a,b");
+        std::fs::create_dir(&odd).unwrap();
+        let mut comma = ok;
+        comma["lower"] = json!(odd);
+        let mut v = base(dir.path());
+        v["root_overlay"] = comma;
+        assert!(matches!(
+            check(v),
+            Err(SpecError::OverlayPath { field: "lower", .. })
+        ));
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! Booting a sandbox as a libkrun microVM: listen on the layer's agent socket, start
+//! `sandbox-libkrun-vm` on a specification built for the sandbox, and accept the agent's
+//! connection (or report why it never came).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxProcess};
+use tokio::net::UnixListener;
+use tokio::process::{Child, Command};
+
+use crate::failure::{describe_exit, log_tails, BootError};
+use crate::layout::Layout;
+use crate::vm_spec;
+
+/// The runner binary's name, looked up next to the adapter's executable.
+pub const RUNNER: &str = "sandbox-libkrun-vm";
+/// Environment variable naming the runner binary instead.
+pub const RUNNER_ENV: &str = "SANDBOX_LIBKRUN_VM";
+/// How long a booting microVM may take until its agent connects (under the VM lab's
+/// emulation a boot takes 4-10 s; the host may be loaded).
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct LibkrunBackend {
+    runner: PathBuf,
+}
+
+impl LibkrunBackend {
+    /// Uses `$SANDBOX_LIBKRUN_VM`, else `sandbox-libkrun-vm` next to the current executable.
+    pub fn new() -> Self {
+        let runner = std::env::var_os(RUNNER_ENV)
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                Some(exe.parent()?.join(RUNNER))
+            })
+            .unwrap_or_else(|| PathBuf::from(RUNNER));
+        Self { runner }
+    }
+
+    pub fn with_runner(runner: PathBuf) -> Self {
+        Self { runner }
+    }
+
+    /// The runner binary this backend starts.
+    pub fn runner(&self) -> &Path {
+        &self.runner
+    }
+
+    async fn boot_vm(&self, spec: &BootSpec) -> Result<Booted, BootError> {
+        if !self.runner.is_file() {
+            return Err(BootError::NoRunner(self.runner.display().to_string()));
+        }
+        let layout = Layout::new(&spec.layer_dir);
+        layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
+        let (vm_spec, _) = vm_spec::build(spec, &layout)?;
+        std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
+        // Listening before the VM exists, so the agent's first dial finds us.
+        let listener = UnixListener::bind(&layout.socket).map_err(|source| BootError::Listen {
+            path: layout.socket.display().to_string(),
+            source,
+        })?;
+        let log = std::fs::File::create(&layout.runner_log).map_err(BootError::Layer)?;
+        let log_out = log.try_clone().map_err(BootError::Layer)?;
+        // The runner asks for PR_SET_PDEATHSIG, which follows the spawning *thread*: this runs
+        // on a tokio worker thread, which lives as long as the plugin's runtime.
+        let mut child = Command::new(&self.runner)
+            .arg("--spec")
+            .arg(&layout.spec)
+            .env_clear()
+            .envs(runner_env())
+            .stdin(Stdio::null())
+            .stdout(log_out)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(BootError::Spawn)?;
+        let pid = child.id();
+        let accepted = tokio::select! {
+            accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
+            status = child.wait() => {
+                let status = status.map(describe_exit).unwrap_or_else(|e| e.to_string());
+                return Err(BootError::Exited {
+                    status,
+                    logs: log_tails(&layout.runner_log, &layout.console_log),
+                });
+            }
+        };
+        let stream = match accepted {
+            Ok(Ok((stream, _))) => stream,
+            Ok(Err(e)) => return Err(BootError::Accept(e)),
+            Err(_) => {
+                return Err(BootError::NoAgent {
+                    secs: AGENT_CONNECT_TIMEOUT.as_secs(),
+                    logs: log_tails(&layout.runner_log, &layout.console_log),
+                })
+            }
+        };
+        // One agent per sandbox: nobody else may connect later.
+        drop(listener);
+        let _ = std::fs::remove_file(&layout.socket);
+        let (reader, writer) = stream.into_split();
+        Ok(Booted {
+            reader: Box::new(reader),
+            writer: Box::new(writer),
+            process: Box::new(VmProcess {
+                child: Mutex::new(Some(child)),
+                pid,
+            }),
+        })
+    }
+}
+
+impl Default for LibkrunBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the runner may see of our environment: enough to find libkrunfw (`$HOME/.iii/lib`,
+/// `LD_LIBRARY_PATH`) and to log; never the adapter's tokens.
+fn runner_env() -> Vec<(String, String)> {
+    ["HOME", "LD_LIBRARY_PATH", "PATH", "RUST_LOG"]
+        .iter()
+        .filter_map(|name| Some((name.to_string(), std::env::var(name).ok()?)))
+        .collect()
+}
+
+#[async_trait]
+impl Backend for LibkrunBackend {
+    fn name(&self) -> &'static str {
+        "libkrun"
+    }
+
+    fn probe(&self) -> Result<(), HostUnfit> {
+        vm_runner::probe::host_can_boot().map_err(|unfit| HostUnfit(unfit.to_string()))?;
+        if !self.runner.is_file() {
+            return Err(HostUnfit(
+                BootError::NoRunner(self.runner.display().to_string()).to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
+        self.probe()
+            .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
+        self.boot_vm(spec)
+            .await
+            .map_err(|e| SandboxError::BootFailed(e.to_string()))
+    }
+}
+
+/// The runner process: the VM, its overlay mount and its virtio-fs servers all live and die
+/// with it.
+struct VmProcess {
+    child: Mutex<Option<Child>>,
+    pid: Option<u32>,
+}
+
+#[async_trait]
+impl SandboxProcess for VmProcess {
+    fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    fn is_alive(&self) -> bool {
+        let mut slot = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(slot.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    async fn kill(&self) {
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut child) = child {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,113 @@
+//! The runner's specification for one sandbox: the overlay root, the agent's read-only share,
+//! the agent as the workload dialling back on a vsock port bridged to the layer's socket.
+
+use serde_json::{json, Value};
+use vm_runner::spec::{MAX_VCPUS, MIN_MEMORY_MIB};
+use vm_runner::{SpecError, VmSpec};
+
+use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
+use sandbox_core::BootSpec;
+
+/// The vsock port the agent connects to (host CID 2); bridged to `agent.sock`.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmSpecError {
+    #[error("libkrun runs at most {MAX_VCPUS} vCPUs, asked {0}")]
+    TooManyCpus(u32),
+    #[error("the runner would refuse the specification: {0}")]
+    Invalid(#[from] SpecError),
+}
+
+/// Builds and validates (as the runner will) the specification. Memory below what the guest
+/// kernel needs is raised to that minimum.
+pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpecError> {
+    let vcpus = u8::try_from(spec.cpus)
+        .ok()
+        .filter(|n| *n <= MAX_VCPUS)
+        .ok_or(VmSpecError::TooManyCpus(spec.cpus))?;
+    let value = json!({
+        "vcpus": vcpus,
+        "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
+        "root": layout.root,
+        "root_overlay": {"lower": spec.image_root, "upper": layout.upper, "work": layout.work},
+        "shares": [{
+            "tag": "iii-agent",
+            "host_path": layout.agent_dir,
+            "guest_path": AGENT_GUEST_DIR,
+            "read_only": true,
+        }],
+        "vsock": [{
+            "port": AGENT_VSOCK_PORT,
+            "socket": layout.socket,
+            "direction": "host-listens",
+        }],
+        "workload": agent_in_guest(),
+        "argv": ["--vsock-port", AGENT_VSOCK_PORT.to_string()],
+        "console_log": layout.console_log,
+        "network": spec.network,
+    });
+    let parsed = VmSpec::from_json(&value.to_string())?;
+    Ok((value, parsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn boot_spec(dir: &Path, cpus: u32, memory_mb: u32) -> (BootSpec, Layout) {
+        let image = dir.join("image");
+        let layer = dir.join("layer");
+        std::fs::create_dir_all(&image).unwrap();
+        std::fs::create_dir_all(&layer).unwrap();
+        let agent = dir.join("agent-bin");
+        std::fs::write(&agent, b"agent").unwrap();
+        let layout = Layout::new(&layer);
+        layout.prepare(&agent).unwrap();
+        let spec = BootSpec {
+            sandbox_id: "id".into(),
+            image_root: image,
+            layer_dir: layer,
+            cpus,
+            memory_mb,
+            network: true,
+            agent_path: agent,
+        };
+        (spec, layout)
+    }
+
+    #[test]
+    fn spec_runs_the_agent_over_the_overlay_root_with_the_requested_resources() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, layout) = boot_spec(dir.path(), 2, 1024);
+        let (_, vm) = build(&spec, &layout).unwrap();
+        assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, true));
+        assert_eq!(vm.root, layout.root);
+        let overlay = vm.root_overlay.unwrap();
+        assert_eq!(overlay.lower, spec.image_root);
+        assert_eq!(overlay.upper, layout.upper);
+        assert_eq!(vm.workload, "/.iii-agent/sandbox-agent");
+        assert_eq!(vm.argv, ["--vsock-port", "1024"]);
+        assert_eq!(vm.vsock.len(), 1);
+        assert_eq!(vm.vsock[0].socket, layout.socket);
+        assert!(vm.shares[0].read_only);
+        assert_eq!(
+            vm.console_log.as_deref(),
+            Some(layout.console_log.as_path())
+        );
+    }
+
+    #[test]
+    fn tiny_memory_is_raised_and_too_many_cpus_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, layout) = boot_spec(dir.path(), 1, 16);
+        assert_eq!(build(&spec, &layout).unwrap().1.memory_mib, MIN_MEMORY_MIB);
+        let (mut spec, layout) = (spec, layout);
+        spec.cpus = 300;
+        assert!(matches!(
+            build(&spec, &layout),
+            Err(VmSpecError::TooManyCpus(300))
+        ));
+    }
+}
