@@ -2,6 +2,7 @@
 //! `sandbox-libkrun-vm` on a specification built for the sandbox, and accept the agent's
 //! connection (or report why it never came).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -140,6 +141,14 @@ impl Backend for LibkrunBackend {
         if !self.runner.is_file() {
             return Err(HostUnfit(
                 BootError::NoRunner(self.runner.display().to_string()).to_string(),
+            ));
+        }
+        // /proc/self belongs to the effective user; no unsafe call needed to ask.
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        if !root {
+            return Err(HostUnfit(
+                "the libkrun backend runs as root: the VM runner mounts each sandbox's overlay root"
+                    .into(),
             ));
         }
         Ok(())

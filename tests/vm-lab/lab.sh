@@ -56,7 +56,7 @@ fi
 KVER=$(ls "$KDIR/lib/modules" | head -1)
 
 # --- 2. initramfs: static busybox, the module closure, our init ---------------------------
-MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock"
+MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay"
 read -r -d '' GUEST_INIT <<'INIT' || true
 #!/bin/sh
 export PATH=/bin

@@ -1,0 +1,339 @@
+//! The libkrun plugin end to end: the real adapter with `--plugin libplugin_libkrun.so` (no
+//! prefix), sandboxes as real microVMs, through the test engine. MicroVMs boot only where
+//! KVM can run libkrun's guest kernel: `tests/vm-lab/libkrun-e2e.sh` runs this file inside
+//! the VM lab (and sets `SANDBOX_EXPECT_MICROVMS=1`, so a refusal there fails). Elsewhere the
+//! microVM checks print that they DID NOT RUN and check the fast, explained S300 instead.
+//!
+//! `measure_libkrun_against_bwrap` is a benchmark (ignored by default): the lab script runs
+//! it and prints its table.
+
+mod sandbox_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
+use sandbox_support::{
+    create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh, stop,
+};
+use serde_json::{json, Value};
+
+/// The stack on the libkrun plugin, serving under its own adapter name.
+async fn libkrun_stack(config: Value) -> Stack {
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        ..Default::default()
+    };
+    Stack::start(config, options).await
+}
+
+/// `None` when the plugin's backend is ready, else its stated reason.
+async fn unfit_reason(stack: &Stack) -> Option<String> {
+    let info = stack
+        .call("adapter::info", json!({}))
+        .await
+        .expect("adapter::info");
+    assert_eq!(info["backend"]["name"], "libkrun", "{info}");
+    if info["backend"]["ready"] == true {
+        return None;
+    }
+    Some(info["backend"]["reason"].as_str().unwrap_or("").to_string())
+}
+
+fn microvms_expected() -> bool {
+    std::env::var("SANDBOX_EXPECT_MICROVMS").is_ok_and(|v| v == "1")
+}
+
+/// On a host that cannot boot microVMs: says so loudly, and checks the refusal is a fast S300
+/// naming the reason. Returns whether microVMs can run.
+async fn microvms_or_refusal(stack: &Stack, test: &str) -> bool {
+    let Some(reason) = unfit_reason(stack).await else {
+        return true;
+    };
+    assert!(
+        !microvms_expected(),
+        "SANDBOX_EXPECT_MICROVMS=1 but the libkrun backend refuses: {reason}"
+    );
+    assert!(!reason.is_empty(), "adapter::info gives no reason");
+    println!("\n*** {test}: the microVM checks DID NOT RUN here: {reason} ***");
+    println!("*** (tests/vm-lab/libkrun-e2e.sh runs them inside the VM lab) ***\n");
+    let started = Instant::now();
+    let (code, body) = expect_err(
+        stack.call("create", json!({"image": "python"})).await,
+        "create on an unfit host",
+    );
+    assert_eq!(code, "S300", "{body}");
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(message.contains(&reason), "S300 names the reason: {body}");
+    println!(
+        "*** refusal checked instead: S300 in {:?} ***",
+        started.elapsed()
+    );
+    false
+}
+
+fn stdout(result: &Value) -> &str {
+    result["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no stdout in {result}"))
+}
+
+/// Every file under `dir` named `name` (the image cache must never receive a sandbox's write).
+fn find_named(dir: &Path, name: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name() == name {
+                found.push(path.display().to_string());
+            }
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn microvm_sandboxes_run_create_exec_stop_list() {
+    let test = "microvm_sandboxes_run_create_exec_stop_list";
+    let stack = libkrun_stack(json!({})).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+
+    // The classic one-shot call.
+    let ran = stack
+        .call(
+            "run",
+            json!({"image": "python", "code": "print(6*7)", "lang": "python"}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("run: {e:?}\n{}", stack.adapter.log()));
+    assert_eq!(ran["stdout"], "42\n", "{ran}");
+    assert_eq!(ran["stderr"], "", "{ran}");
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    assert_eq!(ran["timed_out"], false, "{ran}");
+    assert_eq!(
+        live_ids(&stack).await,
+        Vec::<String>::new(),
+        "run keeps nothing"
+    );
+
+    // A kept sandbox: it is a VM (its own kernel), listed, and serves execs.
+    let id = create(&stack, "python", json!({"env": {"FROM_CREATE": "c"}})).await;
+    assert_eq!(live_ids(&stack).await, vec![id.clone()]);
+    let uname = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["cat", "/proc/sys/kernel/osrelease"]}),
+    )
+    .await;
+    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    assert_ne!(stdout(&uname), host_kernel, "the guest runs its own kernel");
+
+    let code = exec_ok(&stack, &id, sh("echo out; echo err >&2; exit 3")).await;
+    assert_eq!(
+        (stdout(&code), &code["stderr"], &code["exit_code"]),
+        ("out\n", &json!("err\n"), &json!(3)),
+        "{code}"
+    );
+    let stdin = base64::engine::general_purpose::STANDARD.encode(b"line one\nline two\n");
+    let cat = exec_ok(&stack, &id, json!({"argv": ["cat"], "stdin": stdin})).await;
+    assert_eq!(stdout(&cat), "line one\nline two\n", "{cat}");
+    let env = exec_ok(&stack, &id, sh("echo $FROM_CREATE $FROM_EXEC")).await;
+    let env_exec = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["sh", "-c", "echo $FROM_CREATE $FROM_EXEC"], "env": {"FROM_EXEC": "e"}}),
+    )
+    .await;
+    assert_eq!((stdout(&env), stdout(&env_exec)), ("c\n", "c e\n"));
+    let missing = exec_ok(&stack, &id, json!({"argv": ["/no/such/program"]})).await;
+    assert_eq!(missing["exit_code"], 127, "{missing}");
+
+    // A timeout kills the whole process group: the grandchild dies with the shell.
+    let mut tree =
+        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & echo started; wait");
+    tree["timeout_ms"] = json!(3000);
+    let (code, body) = expect_err(exec(&stack, &id, tree).await, "timed-out tree");
+    assert_eq!(code, "S200", "{body}");
+    assert_eq!(body["output"]["stdout"], "started\n", "{body}");
+    assert_eq!(body["output"]["timed_out"], true, "{body}");
+    let pid_file = exec_ok(&stack, &id, json!({"argv": ["cat", "/tmp/grandchild.pid"]})).await;
+    let pid = stdout(&pid_file).trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "grandchild pid: {pid_file}");
+    let gone = eventually(Duration::from_secs(10), || async {
+        let probe = exec_ok(
+            &stack,
+            &id,
+            json!({"argv": ["cat", format!("/proc/{pid}/stat")]}),
+        )
+        .await;
+        probe["exit_code"] != 0
+    })
+    .await;
+    assert!(gone, "grandchild {pid} still alive inside the VM");
+    let zombies = exec_ok(
+        &stack,
+        &id,
+        sh("grep -l '^State:.*Z' /proc/[0-9]*/status || true"),
+    )
+    .await;
+    assert_eq!(
+        stdout(&zombies),
+        "",
+        "no zombie left in the guest: {zombies}"
+    );
+
+    // The root is writable per sandbox, and the write lands in its own layer only.
+    let marker = format!("written-by-{id}");
+    let wrote = exec_ok(
+        &stack,
+        &id,
+        sh(&format!("echo hi > /etc/{marker} && cat /etc/{marker}")),
+    )
+    .await;
+    assert_eq!(stdout(&wrote), "hi\n", "{wrote}");
+    let upper = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(&id)
+        .join("upper/etc")
+        .join(&marker);
+    assert!(
+        upper.is_file(),
+        "the write is in the sandbox's upper layer: {}",
+        upper.display()
+    );
+    let in_cache = find_named(&e2e_tests::shared_cache_dir(), &marker);
+    assert!(
+        in_cache.is_empty(),
+        "the image cache was written: {in_cache:?}"
+    );
+
+    // stop ends the VM: nothing listed, the runner reaped, the layer gone, later calls S004.
+    let stopped = stop(&stack, &id, true).await;
+    assert_eq!(stopped["stopped"], true, "{stopped}");
+    assert!(live_ids(&stack).await.is_empty());
+    let adapter = stack.adapter.pid();
+    let reaped = eventually(Duration::from_secs(5), || async {
+        descendants(adapter).is_empty()
+    })
+    .await;
+    assert!(reaped, "left under the adapter: {:?}", descendants(adapter));
+    let layers = std::fs::read_dir(stack.state_dir.path().join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(layers, 0, "no sandbox state left on disk");
+    let (code, body) = expect_err(exec(&stack, &id, sh("true")).await, "exec after stop");
+    assert_eq!(code, "S004", "{body}");
+    let again = stop(&stack, &id, true).await;
+    assert_eq!(again["stopped"], true, "stop stays idempotent: {again}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn boot_failure_is_s300_with_the_cause() {
+    let test = "boot_failure_is_s300_with_the_cause";
+    // A runner that exists but is not a VM runner: the S300 must carry what it said.
+    let fake = tempfile::tempdir().expect("tempdir");
+    let runner = fake.path().join("fake-runner");
+    std::fs::write(
+        &runner,
+        "#!/bin/sh\necho 'fake runner: no VM today' >&2\nexit 125\n",
+    )
+    .expect("write fake runner");
+    std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![("SANDBOX_LIBKRUN_VM".into(), runner.display().to_string())],
+        ..Default::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let error = stack
+        .call("create", json!({"image": "python"}))
+        .await
+        .expect_err("a runner that exits cannot give a sandbox");
+    let body = error_body(&error);
+    assert_eq!(s_code(&error), "S300", "{body}");
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(message.contains("exit 125"), "{body}");
+    assert!(message.contains("fake runner: no VM today"), "{body}");
+    assert!(live_ids(&stack).await.is_empty());
+}
+
+/// Median of `samples` in ms.
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// create -> first exec answered, and run(print(6*7)), each `n` times; medians in ms.
+async fn time_backend(stack: &Stack, n: usize) -> (f64, f64) {
+    let mut first_exec = Vec::new();
+    let mut run = Vec::new();
+    for _ in 0..n {
+        let started = Instant::now();
+        let id = create(stack, "python", json!({})).await;
+        let echo = exec_ok(stack, &id, json!({"argv": ["echo", "ok"]})).await;
+        first_exec.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(stdout(&echo), "ok\n");
+        stop(stack, &id, true).await;
+        let started = Instant::now();
+        let ran = stack
+            .call(
+                "run",
+                json!({"image": "python", "code": "print(6*7)", "lang": "python"}),
+            )
+            .await
+            .expect("run");
+        run.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(ran["stdout"], "42\n");
+    }
+    (median(first_exec), median(run))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "benchmark: tests/vm-lab/libkrun-e2e.sh --measure runs it inside the VM lab"]
+async fn measure_libkrun_against_bwrap() {
+    let n: usize = std::env::var("LIBKRUN_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let libkrun = libkrun_stack(json!({})).await;
+    if !microvms_or_refusal(&libkrun, "measure_libkrun_against_bwrap").await {
+        return;
+    }
+    // Warm the image cache so neither side pays for the pull.
+    let _ = time_backend(&libkrun, 1).await;
+    let (krun_exec, krun_run) = time_backend(&libkrun, n).await;
+    drop(libkrun);
+    if !bwrap_usable("measure_libkrun_against_bwrap (bwrap baseline)") {
+        println!("libkrun only (ms, median of {n}): create->first exec {krun_exec:.0}, run {krun_run:.0}");
+        return;
+    }
+    let bwrap = Stack::bwrap().await;
+    let (bw_exec, bw_run) = time_backend(&bwrap, n).await;
+    println!("\n| what (ms, median of {n}) | bwrap (baseline) | libkrun | x baseline |");
+    println!("|---|---:|---:|---:|");
+    for (what, base, krun) in [
+        ("create -> first exec answered", bw_exec, krun_exec),
+        ("run print(6*7)", bw_run, krun_run),
+    ] {
+        println!("| {what} | {base:.0} | {krun:.0} | {:.1} |", krun / base);
+    }
+}

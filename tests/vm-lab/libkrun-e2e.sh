@@ -1,0 +1,70 @@
+#!/bin/bash
+# The libkrun plugin end to end inside the VM lab: the real adapter with
+# `--plugin libplugin_libkrun.so` serving sandboxes as real microVMs through the test engine
+# (tests/e2e/tests/libkrun.rs), with the fixture registry running inside the lab too.
+#
+#   tests/vm-lab/libkrun-e2e.sh              the end-to-end test (fails if no microVM boots)
+#   tests/vm-lab/libkrun-e2e.sh --measure [N] create->first exec and run(print(6*7)) on
+#                                             libkrun against bwrap in the same lab run
+#
+# Builds what it needs (honours CARGO_TARGET_DIR); the static agent comes from
+# SANDBOX_AGENT_PATH, else agent/build-static.sh builds it. Binaries and the prebuilt fixture
+# layouts travel through the lab's scratch share, so any target directory works. Needs
+# tests/vm-lab/install.sh and tests/fixtures/install.sh. Exit status: the test's.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo"
+log() { echo "[vm-lab libkrun-e2e] $*" >&2; }
+
+mode=test; n=3
+if [ "${1:-}" = "--measure" ]; then mode=measure; n=${2:-3}; fi
+
+log "building the adapter, both plugins, the VM runner and the libkrun e2e test"
+cargo build -q -p sandbox-libkrun -p plugin-libkrun -p plugin-bwrap -p vm-runner
+build_json=$(cargo test -p e2e-tests --test libkrun --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test libkrun --no-run; exit 1; }
+test_bin=$(grep -o '"executable":"[^"]*/libkrun-[0-9a-f]*"' <<<"$build_json" | tail -1 | cut -d'"' -f4)
+profile=$(dirname "$(dirname "$test_bin")")
+agent=${SANDBOX_AGENT_PATH:-}
+if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
+for f in "$test_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
+  "$profile/libplugin_bwrap.so" "$profile/sandbox-libkrun-vm" "$agent"; do
+  [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
+done
+
+# The lab's /tmp is its own tmpfs: binaries go through the scratch share, laid out as the
+# harness expects them (the test's profile directory holds the adapter and the plugins).
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
+cp "$test_bin" "$scratch/debug/deps/"
+cp "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" "$profile/libplugin_bwrap.so" \
+  "$profile/sandbox-libkrun-vm" "$scratch/debug/"
+cp "$agent" "$scratch/sandbox-agent"
+# Fixture layouts are built here (emulated, the build takes minutes); the lab only pushes.
+host_fixtures=${FIXTURE_CACHE:-${TMPDIR:-/tmp}/sandbox-libkrun-fixtures}
+for kind in busybox python; do
+  /usr/bin/python3 tests/fixtures/mkimage.py --kind "$kind" --out "$host_fixtures/$kind" >&2
+  cp -a "$host_fixtures/$kind" "$scratch/fixtures/"
+done
+
+if [ "$mode" = measure ]; then
+  test_args="measure_libkrun_against_bwrap --ignored --exact --nocapture --test-threads=1"
+else
+  test_args="--test-threads=2"
+fi
+cat > "$scratch/inner.sh" <<INNER
+set -eu
+reg=\$(REGISTRY_PARENT_PID=\$\$ bash $(printf '%q' "$repo")/tests/fixtures/start-registry.sh /tmp/registry)
+export SANDBOX_TEST_REGISTRY=\${reg#* }
+FIXTURE_CACHE=/tmp/vm-lab/fixtures bash $(printf '%q' "$repo")/tests/fixtures/build-fixtures.sh \
+  "\$SANDBOX_TEST_REGISTRY" python >/dev/null
+echo "[lab] registry \$SANDBOX_TEST_REGISTRY holds the python fixture"
+export SANDBOX_AGENT_PATH=/tmp/vm-lab/sandbox-agent SANDBOX_EXPECT_MICROVMS=1 LIBKRUN_BENCH_N=$n
+/tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
+INNER
+
+log "lab run ($mode): microVM sandboxes through the engine inside a QEMU guest with working KVM"
+LAB_SCRATCH_DIR=$scratch LAB_TIMEOUT=${LAB_TIMEOUT:-900} LAB_MEM=${LAB_MEM:-3072} \
+  "$here/lab.sh" -- bash /tmp/vm-lab/inner.sh
