@@ -6,7 +6,7 @@
 #
 #   tests/vm-lab/lab.sh [--] CMD [ARG...]
 #
-# The guest shares the host's / read-only over 9p and chroots into it (with /dev, /proc,
+# The guest shares the host's / read-only over 9p and switches root into it (with /dev, /proc,
 # /sys and a tmpfs /tmp), so host-built binaries run unchanged. $LAB_SCRATCH inside CMD is
 # a directory written back to the host (LAB_SCRATCH_DIR on the host; a temporary one by
 # default). Output is streamed; the exit status is CMD's.
@@ -74,7 +74,11 @@ mount --bind /scratch $R/tmp/vm-lab; mount -t tmpfs tmpfs $R/dev/shm
 mount -t devpts devpts $R/dev/pts 2>/dev/null
 if [ -c /dev/kvm ]; then
   read -r T < /scratch/timeout
-  timeout "$T" chroot $R /bin/bash /tmp/vm-lab/cmd.sh; echo $? > /scratch/rc
+  # switch_root, not chroot: a chrooted process may not create user namespaces (bwrap
+  # needs them). The host's own tools then run CMD, record its status and power off.
+  exec switch_root $R /bin/sh -c 'export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+    timeout "$1" /bin/bash /tmp/vm-lab/cmd.sh; echo $? > /tmp/vm-lab/rc
+    sync; exec busybox poweroff -f' lab-init "$T"
 else
   echo "vm-lab guest: /dev/kvm missing (kvm_amd did not load)"; echo 99 > /scratch/rc
 fi

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs vm-runner's tests: on this host (unit tests; the boot test checks the fast refusal
 # when KVM is unusable here), then the boot test again inside the VM lab, where libkrun
-# microVMs really boot. Exit status: non-zero if either run failed.
+# microVMs really boot; then the libkrun plugin end to end inside the lab
+# (libkrun-e2e.sh). Exit status: non-zero if any run failed.
 # Needs tests/vm-lab/install.sh first. Honours CARGO_TARGET_DIR and LAB_* (see lab.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,5 +40,9 @@ LAB_SCRATCH_DIR=$scratch LAB_ENV="VM_RUNNER_BIN VM_RUNNER_VSOCK_HELPER" \
   LAB_TIMEOUT=${LAB_TIMEOUT:-600} \
   "$here/lab.sh" -- "/tmp/vm-lab/bin/$(basename "$boot_test")" --test-threads=2 || lab_rc=$?
 
-log "host tests exit $host_rc, lab boot tests exit $lab_rc"
-[ "$host_rc" = 0 ] && [ "$lab_rc" = 0 ]
+log "libkrun plugin end to end in the lab (tests/vm-lab/libkrun-e2e.sh)"
+e2e_rc=0
+"$here/libkrun-e2e.sh" || e2e_rc=$?
+
+log "host tests exit $host_rc, lab boot tests exit $lab_rc, lab libkrun e2e exit $e2e_rc"
+[ "$host_rc" = 0 ] && [ "$lab_rc" = 0 ] && [ "$e2e_rc" = 0 ]
