@@ -177,6 +177,53 @@ fn read_only_share_refuses_writes_and_writable_share_reaches_host() {
 }
 
 #[test]
+fn root_overlay_takes_the_writes_and_leaves_lower_and_host_untouched() {
+    let test = "root_overlay_takes_the_writes_and_leaves_lower_and_host_untouched";
+    let Some((dir, lower)) = guest(test) else {
+        return;
+    };
+    if !std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+    {
+        not_run(test, "mounting the overlay needs root");
+        return;
+    }
+    std::fs::write(lower.join("etc/lower.txt"), "from the lower layer\n").unwrap();
+    let [upper, work, mount_point] = ["upper", "work", "merged"].map(|d| dir.path().join(d));
+    for d in [&upper, &work, &mount_point] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let script = "cat /etc/lower.txt; echo new > /etc/guest.txt; rm /etc/lower.txt; \
+        ls /etc/lower.txt 2>/dev/null || echo removed";
+    let mut vm = spec(&mount_point, "/bin/sh", &["-c", script]);
+    vm["root_overlay"] = json!({"lower": lower, "upper": upper, "work": work});
+    let out = run(dir.path(), &vm);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.lines(), ["from the lower layer", "removed"], "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(lower.join("etc/lower.txt")).unwrap(),
+        "from the lower layer\n",
+        "the lower layer is never written"
+    );
+    assert!(!lower.join("etc/guest.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(upper.join("etc/guest.txt")).unwrap(),
+        "new\n"
+    );
+    let whiteout = std::fs::symlink_metadata(upper.join("etc/lower.txt")).unwrap();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_char_device(&whiteout.file_type()),
+        "the removal is an overlay whiteout in upper"
+    );
+    assert_eq!(
+        std::fs::read_dir(&mount_point).unwrap().count(),
+        0,
+        "the mount lived only in the runner's namespace"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(mount_point.to_str().unwrap()), "{mounts}");
+}
+
+#[test]
 fn vsock_round_trip_in_both_directions() {
     let Some((dir, root)) = guest("vsock_round_trip_in_both_directions") else {
         return;
