@@ -221,6 +221,35 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
         "the image cache was written: {in_cache:?}"
     );
 
+    // cpus, memory and network reach the VM: two vCPUs, at most the asked memory, and the
+    // agent still dials back with libkrun's networking (TSI) switched on.
+    let sized = create(
+        &stack,
+        "python",
+        json!({"cpus": 2, "memory_mb": 320, "network": true}),
+    )
+    .await;
+    let shape = exec_ok(
+        &stack,
+        &sized,
+        sh("grep -c ^processor /proc/cpuinfo; sed -n 's/^MemTotal: *\\([0-9]*\\) kB/\\1/p' /proc/meminfo"),
+    )
+    .await;
+    let numbers: Vec<u64> = stdout(&shape)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{shape}");
+    assert_eq!(numbers[0], 2, "vCPUs: {shape}");
+    // libkrun maps the guest kernel beside the asked RAM (~10 MiB more here); the default
+    // (512 MiB) would be far above this bound.
+    assert!(
+        (160 * 1024..=(320 + 48) * 1024).contains(&numbers[1]),
+        "MemTotal {} kB for a 320 MiB VM",
+        numbers[1]
+    );
+    stop(&stack, &sized, true).await;
+
     // stop ends the VM: nothing listed, the runner reaped, the layer gone, later calls S004.
     let stopped = stop(&stack, &id, true).await;
     assert_eq!(stopped["stopped"], true, "{stopped}");
