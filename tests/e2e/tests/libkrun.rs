@@ -304,21 +304,35 @@ async fn boot_failure_is_s300_with_the_cause() {
     assert!(live_ids(&stack).await.is_empty());
 }
 
-/// Median of `samples` in ms.
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
+/// Timings in ms of one measured step.
+struct Samples(Vec<f64>);
+
+impl Samples {
+    /// (median, min, max)
+    fn summary(&self) -> (f64, f64, f64) {
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        let at = |i: usize| sorted.get(i).copied().unwrap_or(f64::NAN);
+        (
+            at(sorted.len() / 2),
+            at(0),
+            at(sorted.len().saturating_sub(1)),
+        )
+    }
 }
 
-/// create -> first exec answered, and run(print(6*7)), each `n` times; medians in ms.
-async fn time_backend(stack: &Stack, n: usize) -> (f64, f64) {
-    let mut first_exec = Vec::new();
-    let mut run = Vec::new();
+fn ms_since(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1000.0
+}
+
+/// create -> first exec answered, and run(print(6*7)), each `n` times.
+async fn time_backend(stack: &Stack, n: usize) -> (Samples, Samples) {
+    let (mut first_exec, mut run) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let started = Instant::now();
         let id = create(stack, "python", json!({})).await;
         let echo = exec_ok(stack, &id, json!({"argv": ["echo", "ok"]})).await;
-        first_exec.push(started.elapsed().as_secs_f64() * 1000.0);
+        first_exec.push(ms_since(started));
         assert_eq!(stdout(&echo), "ok\n");
         stop(stack, &id, true).await;
         let started = Instant::now();
@@ -329,10 +343,10 @@ async fn time_backend(stack: &Stack, n: usize) -> (f64, f64) {
             )
             .await
             .expect("run");
-        run.push(started.elapsed().as_secs_f64() * 1000.0);
+        run.push(ms_since(started));
         assert_eq!(ran["stdout"], "42\n");
     }
-    (median(first_exec), median(run))
+    (Samples(first_exec), Samples(run))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -351,18 +365,30 @@ async fn measure_libkrun_against_bwrap() {
     let _ = time_backend(&libkrun, 1).await;
     let (krun_exec, krun_run) = time_backend(&libkrun, n).await;
     drop(libkrun);
-    if !bwrap_usable("measure_libkrun_against_bwrap (bwrap baseline)") {
-        println!("libkrun only (ms, median of {n}): create->first exec {krun_exec:.0}, run {krun_run:.0}");
-        return;
-    }
-    let bwrap = Stack::bwrap().await;
-    let (bw_exec, bw_run) = time_backend(&bwrap, n).await;
-    println!("\n| what (ms, median of {n}) | bwrap (baseline) | libkrun | x baseline |");
-    println!("|---|---:|---:|---:|");
-    for (what, base, krun) in [
-        ("create -> first exec answered", bw_exec, krun_exec),
-        ("run print(6*7)", bw_run, krun_run),
-    ] {
-        println!("| {what} | {base:.0} | {krun:.0} | {:.1} |", krun / base);
+    let bwrap = if bwrap_usable("measure_libkrun_against_bwrap (bwrap baseline)") {
+        let stack = Stack::bwrap().await;
+        Some(time_backend(&stack, n).await)
+    } else {
+        None
+    };
+    println!("\n| what (ms, N={n}) | backend | median | min | max | x bwrap |");
+    println!("|---|---|---:|---:|---:|---:|");
+    let rows = [
+        (
+            "create -> first exec answered",
+            &krun_exec,
+            bwrap.as_ref().map(|b| &b.0),
+        ),
+        ("run print(6*7)", &krun_run, bwrap.as_ref().map(|b| &b.1)),
+    ];
+    for (what, krun, base) in rows {
+        let base_median = base.map(|b| b.summary().0);
+        if let Some(base) = base {
+            let (med, min, max) = base.summary();
+            println!("| {what} | bwrap (baseline) | {med:.0} | {min:.0} | {max:.0} | 1.0 |");
+        }
+        let (med, min, max) = krun.summary();
+        let ratio = base_median.map_or("n/a".to_string(), |b| format!("{:.1}", med / b));
+        println!("| {what} | libkrun | {med:.0} | {min:.0} | {max:.0} | {ratio} |");
     }
 }
