@@ -268,6 +268,34 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     assert_eq!(code, "S004", "{body}");
     let again = stop(&stack, &id, true).await;
     assert_eq!(again["stopped"], true, "stop stays idempotent: {again}");
+
+    // `kill -9` of the adapter: its VM runners die with it (PR_SET_PDEATHSIG), no VM lives on.
+    let mut stack = stack;
+    let orphan = create(&stack, "python", json!({})).await;
+    let recorded = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(&orphan)
+        .join("process");
+    let runner: u32 = std::fs::read_to_string(&recorded)
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no runner pid recorded in {}", recorded.display()));
+    // A zombie (dead, not yet reaped by whoever inherited it) counts as gone.
+    let runner_alive = || {
+        std::fs::read_to_string(format!("/proc/{runner}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .is_some_and(|zombie| !zombie)
+    };
+    assert!(runner_alive(), "runner {runner} holds the sandbox");
+    stack.adapter.kill9();
+    let died = eventually(Duration::from_secs(10), || async { !runner_alive() }).await;
+    assert!(died, "VM runner {runner} outlived a kill -9 of the adapter");
 }
 
 #[tokio::test(flavor = "multi_thread")]
