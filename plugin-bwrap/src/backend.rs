@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
-use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxProcess};
-use tokio::process::{Child, Command};
+use sandbox_core::{
+    Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
+};
+use tokio::process::Command;
 
 use crate::cgroup::{self, Limits};
 use crate::mount::OverlaySetup;
@@ -105,13 +106,11 @@ impl Backend for BwrapBackend {
                 "bwrap started without its pipes".into(),
             ));
         };
-        let pid = child.id();
         Ok(Booted {
             reader: Box::new(stdout),
             writer: Box::new(stdin),
             process: Box::new(BwrapProcess {
-                child: Mutex::new(Some(child)),
-                pid,
+                process: ChildProcess::new(child),
                 sandbox_id: spec.sandbox_id.clone(),
             }),
         })
@@ -164,30 +163,25 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
     args
 }
 
+/// bwrap, plus the sandbox's cgroups to remove once it is gone.
 struct BwrapProcess {
-    child: Mutex<Option<Child>>,
-    pid: Option<u32>,
+    process: ChildProcess,
     sandbox_id: String,
 }
 
 #[async_trait]
 impl SandboxProcess for BwrapProcess {
     fn pid(&self) -> Option<u32> {
-        self.pid
+        self.process.pid()
     }
 
     fn is_alive(&self) -> bool {
-        let mut slot = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        matches!(slot.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        self.process.is_alive()
     }
 
     async fn kill(&self) {
-        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mut child) = child {
-            // Killing bwrap kills PID 1 of the sandbox's namespace, and with it every process.
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
+        // Killing bwrap kills PID 1 of the sandbox's namespace, and with it every process.
+        self.process.kill().await;
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
         let id = self.sandbox_id.clone();
         let _ = tokio::task::spawn_blocking(move || cgroup::remove(&id)).await;

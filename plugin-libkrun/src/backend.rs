@@ -5,13 +5,13 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxProcess};
+use sandbox_core::{Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError};
 use tokio::net::UnixListener;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::failure::{describe_exit, log_tails, BootError};
 use crate::layout::Layout;
@@ -79,7 +79,6 @@ impl LibkrunBackend {
             .kill_on_drop(true)
             .spawn()
             .map_err(BootError::Spawn)?;
-        let pid = child.id();
         let accepted = tokio::select! {
             accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
             status = child.wait() => {
@@ -107,10 +106,9 @@ impl LibkrunBackend {
         Ok(Booted {
             reader: Box::new(reader),
             writer: Box::new(writer),
-            process: Box::new(VmProcess {
-                child: Mutex::new(Some(child)),
-                pid,
-            }),
+            // The VM, its overlay mount and its virtio-fs servers all live and die with the
+            // runner process.
+            process: Box::new(ChildProcess::new(child)),
         })
     }
 }
@@ -160,33 +158,6 @@ impl Backend for LibkrunBackend {
         self.boot_vm(spec)
             .await
             .map_err(|e| SandboxError::BootFailed(e.to_string()))
-    }
-}
-
-/// The runner process: the VM, its overlay mount and its virtio-fs servers all live and die
-/// with it.
-struct VmProcess {
-    child: Mutex<Option<Child>>,
-    pid: Option<u32>,
-}
-
-#[async_trait]
-impl SandboxProcess for VmProcess {
-    fn pid(&self) -> Option<u32> {
-        self.pid
-    }
-
-    fn is_alive(&self) -> bool {
-        let mut slot = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        matches!(slot.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
-    }
-
-    async fn kill(&self) {
-        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mut child) = child {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
     }
 }
 

@@ -51,6 +51,48 @@ pub trait SandboxProcess: Send + Sync {
     async fn kill(&self);
 }
 
+/// A sandbox held by one child process of the adapter (bwrap, the VM runner): alive while it
+/// runs, ended by killing it.
+pub struct ChildProcess {
+    child: std::sync::Mutex<Option<tokio::process::Child>>,
+    pid: Option<u32>,
+}
+
+impl ChildProcess {
+    pub fn new(child: tokio::process::Child) -> Self {
+        let pid = child.id();
+        Self {
+            child: std::sync::Mutex::new(Some(child)),
+            pid,
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<tokio::process::Child>> {
+        self.child
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl SandboxProcess for ChildProcess {
+    fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    fn is_alive(&self) -> bool {
+        matches!(self.slot().as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    async fn kill(&self) {
+        let child = self.slot().take();
+        if let Some(mut child) = child {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}
+
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// Short name, e.g. `libkrun` or `bwrap`.

@@ -34,7 +34,9 @@ mod reaper;
 mod registry;
 pub mod request;
 
-pub use backend::{AgentReader, AgentWriter, Backend, BootSpec, Booted, HostUnfit, SandboxProcess};
+pub use backend::{
+    AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxProcess,
+};
 pub use config::Config;
 pub use error::SandboxError;
 pub use plugin::SandboxPlugin;
