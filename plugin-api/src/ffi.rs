@@ -10,7 +10,7 @@
 use abi_stable::{
     declare_root_module_statics,
     library::RootModule,
-    package_version_strings, sabi_trait,
+    sabi_trait,
     sabi_types::VersionStrings,
     std_types::{RBox, RResult, RStr, RString},
     StableAbi,
@@ -47,5 +47,9 @@ impl RootModule for PluginModRef {
     declare_root_module_statics! {PluginModRef}
     const BASE_NAME: &'static str = "sandbox_plugin";
     const NAME: &'static str = "sandbox_plugin";
-    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+    #[cfg(not(feature = "other-interface-version-for-tests"))]
+    const VERSION_STRINGS: VersionStrings = abi_stable::package_version_strings!();
+    /// Lets a test build a plugin "against another interface version" and check the refusal.
+    #[cfg(feature = "other-interface-version-for-tests")]
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new("1.0.0");
 }

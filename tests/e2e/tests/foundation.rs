@@ -356,6 +356,49 @@ async fn a_file_that_is_not_a_plugin_exits_2_with_one_line() {
     assert_eq!(list["workers"].as_array().map(Vec::len), Some(1), "{list}");
 }
 
+/// A plugin built against another version of plugin-api (tests/e2e/other-interface-plugin,
+/// built here with cargo) is refused by abi_stable's load-time check: exit 2, one line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_built_against_another_interface_version_exits_2() {
+    let crate_dir = e2e_tests::repo_root().join("tests/e2e/other-interface-plugin");
+    let target_dir = e2e_tests::profile_dir().join("../other-interface");
+    let built = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "--manifest-path"])
+            .arg(crate_dir.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .status()
+            .map(|status| {
+                (
+                    status,
+                    target_dir.join("debug/libother_interface_plugin.so"),
+                )
+            })
+    })
+    .await
+    .expect("build task");
+    let (status, plugin) = built.expect("run cargo");
+    assert!(
+        status.success(),
+        "building the other-interface plugin failed"
+    );
+
+    let engine = Engine::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("engine");
+    let url = engine.url();
+    let (status, log) = tokio::task::spawn_blocking(move || run_with_plugin(&url, &plugin))
+        .await
+        .expect("adapter ran");
+    let status = status.unwrap_or_else(|| panic!("still running\n{log}"));
+    let parts = [
+        "built against another plugin interface version",
+        "library:1.0.0",
+    ];
+    assert_refused(status, &log, 2, &parts, "other interface version");
+}
+
 /// `III_DISABLE_TRACE_PAYLOADS` with real sandboxes: a guest environment given to `create`,
 /// `exec` and `run`, and the output that echoes it, stay out of a debug-level log; without
 /// the switch the same calls do show up there.
