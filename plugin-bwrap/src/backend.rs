@@ -116,6 +116,23 @@ impl Backend for BwrapBackend {
         })
     }
 
+    fn boot_logs(&self, layer_dir: &Path) -> String {
+        let log = std::fs::read_to_string(layer_dir.join("sandbox.log")).unwrap_or_default();
+        let tail: String = log
+            .chars()
+            .rev()
+            .take(1500)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        if tail.trim().is_empty() {
+            String::new()
+        } else {
+            format!("; sandbox log tail: {}", tail.trim())
+        }
+    }
+
     fn release_layer(&self, layer_dir: &Path) {
         if let Some(id) = layer_dir.file_name().and_then(|n| n.to_str()) {
             cgroup::remove(id);

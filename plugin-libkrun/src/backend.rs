@@ -152,6 +152,11 @@ impl Backend for LibkrunBackend {
         Ok(())
     }
 
+    fn boot_logs(&self, layer_dir: &Path) -> String {
+        let layout = Layout::new(layer_dir);
+        log_tails(&layout.runner_log, &layout.console_log)
+    }
+
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;

@@ -104,6 +104,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Starts a sandbox; the agent inside must answer on the returned stream.
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError>;
 
+    /// What the sandbox's own logs say, for an S300 raised after boot (e.g. the agent's
+    /// handshake failed); a suffix such as "; console log tail: ...", or empty.
+    fn boot_logs(&self, _layer_dir: &Path) -> String {
+        String::new()
+    }
+
     /// Removes what a sandbox left in `layer_dir` that plain file removal cannot (mounts).
     /// Called on stop and when reconciling leftovers of an earlier run.
     fn release_layer(&self, _layer_dir: &Path) {}

@@ -130,13 +130,15 @@ pub async fn create_sandbox<B: Backend>(
         Ok(Ok(agent)) => agent,
         failure => {
             booted.process.kill().await;
+            // Read the logs before the layer (which holds them) goes.
+            let logs = plugin.backend.boot_logs(&layer);
             plugin.state.remove_layer(&plugin.backend, &layer);
             let cause = match failure {
                 Ok(Err(e)) => e.to_string(),
                 _ => format!("no answer within {} s", AGENT_HELLO_TIMEOUT.as_secs()),
             };
             return Err(SandboxError::BootFailed(format!(
-                "the sandbox agent did not start: {cause}"
+                "the sandbox agent did not start: {cause}{logs}"
             )));
         }
     };
