@@ -113,3 +113,43 @@ async fn kill_9_leaves_no_sandbox_process_and_restart_reconciles_three() {
         .expect("run after restart");
     assert_eq!(run["stdout"], "42\n");
 }
+
+/// The orderly way out: SIGTERM stops every sandbox (processes, layers, cgroups) before the
+/// adapter exits 0, so the next start has nothing to reconcile.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_every_sandbox_before_exiting() {
+    if !bwrap_usable("sigterm_stops_every_sandbox_before_exiting") {
+        return;
+    }
+    let mut stack = Stack::bwrap().await;
+    let ids = [
+        create(&stack, "python", json!({})).await,
+        create(&stack, "node", json!({})).await,
+    ];
+    assert_eq!(layers_on_disk(&stack), 2);
+    let recorded = descendants(stack.adapter.pid());
+    assert_eq!(
+        recorded.iter().filter(|p| p.comm == AGENT_COMM).count(),
+        2,
+        "{recorded:?}"
+    );
+
+    let status = stack
+        .adapter
+        .terminate()
+        .expect("the adapter exits on SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", stack.adapter.log());
+    let survivors: Vec<&HostProcess> = recorded.iter().filter(|p| p.is_alive()).collect();
+    assert!(
+        survivors.is_empty(),
+        "still alive after exit: {survivors:?}"
+    );
+    assert_eq!(layers_on_disk(&stack), 0, "layers removed before exit");
+    for id in &ids {
+        assert!(
+            cgroups_of(id).is_empty(),
+            "cgroups of {id} left: {:?}",
+            cgroups_of(id)
+        );
+    }
+}
