@@ -94,15 +94,20 @@ pub async fn run<B: Backend>(
     }
     .await;
 
-    if request.keep_sandbox {
-        let mut result = outcome?;
-        result["sandbox_id"] = Value::String(sandbox.id.to_string());
-        return Ok(result);
+    // A kept sandbox is only worth keeping when the caller learns its id: on an error (a
+    // timeout, a failed write) it goes like any other.
+    match outcome {
+        Ok(mut result) if request.keep_sandbox => {
+            result["sandbox_id"] = Value::String(sandbox.id.to_string());
+            Ok(result)
+        }
+        outcome => {
+            if let Ok(Some(sandbox)) = plugin.registry.take(sandbox.id, false) {
+                teardown(plugin, sandbox).await;
+            }
+            outcome
+        }
     }
-    if let Ok(Some(sandbox)) = plugin.registry.take(sandbox.id, false) {
-        teardown(plugin, sandbox).await;
-    }
-    outcome
 }
 
 /// Relative `files` paths land in the run directory; absolute ones stay where they say.
