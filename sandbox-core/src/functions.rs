@@ -63,6 +63,13 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             info_response(),
         ),
     ];
+    functions.extend(
+        crate::ops::fs::schema::specs()
+            .into_iter()
+            .map(|(id, description, request, response)| {
+                function(id, description, request, response)
+            }),
+    );
     functions.extend(WORKER_OPERATIONS.iter().map(|op| FunctionSpec {
         id: format!("worker::{op}"),
         description: format!("Worker VM operation `{op}` (token-guarded; see SPEC.md section 6)"),
@@ -78,7 +85,7 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
     }
 }
 
-fn object(required: &[&str], properties: Value) -> Value {
+pub(crate) fn object(required: &[&str], properties: Value) -> Value {
     json!({"type": "object", "required": required, "properties": properties, "additionalProperties": true})
 }
 
@@ -96,7 +103,7 @@ fn env_schema() -> Value {
     })
 }
 
-fn uuid_schema() -> Value {
+pub(crate) fn uuid_schema() -> Value {
     json!({"type": "string", "format": "uuid"})
 }
 

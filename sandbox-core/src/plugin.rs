@@ -85,6 +85,7 @@ impl<B: Backend> SandboxPlugin<B> {
             "stop" => ops::stop::stop(&self, payload).await,
             "list" => Ok(ops::list::list(&self)),
             "run" => ops::run::run(&self, payload).await,
+            f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => Err(SandboxError::BootFailed(
                 "worker VMs are not available in this build of the adapter yet".into(),
             )),

@@ -224,6 +224,15 @@ impl Registry {
         Ok((sandbox, guard))
     }
 
+    /// Starts a call that needs no exec slot (the fs functions) on a live sandbox, under the
+    /// registry lock like `begin_exec`, so the reaper never takes a sandbox mid-call.
+    pub fn begin_call(&self, id: Uuid) -> Result<(Arc<Sandbox>, CallGuard), SandboxError> {
+        let state = self.state();
+        let sandbox = Self::find(&state, id)?;
+        let guard = sandbox.guard(None);
+        Ok((sandbox, guard))
+    }
+
     /// Takes out every sandbox idle past its timeout with no call in flight.
     pub fn take_idle(&self, now: Instant) -> Vec<Arc<Sandbox>> {
         let mut state = self.state();

@@ -13,6 +13,7 @@ pub const FEATURES: &[&str] = &[
     "stop",
     "list",
     "run",
+    "fs",
     "catalog",
     "idle_reaping",
     "reconcile",

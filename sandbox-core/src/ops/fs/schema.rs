@@ -1,0 +1,192 @@
+//! The JSON Schemas of the `fs::*` rows of the function table (SPEC.md section 2).
+
+use serde_json::{json, Value};
+
+use crate::functions::{object, uuid_schema};
+
+/// `(id suffix, description, request schema, response schema)` per fs function.
+pub fn specs() -> Vec<(&'static str, &'static str, Value, Value)> {
+    vec![
+        (
+            "fs::ls",
+            "List a directory in a sandbox",
+            path_request(&[], json!({})),
+            object(
+                &["entries"],
+                json!({"entries": {"type": "array", "items": entry()}}),
+            ),
+        ),
+        (
+            "fs::stat",
+            "Describe one path in a sandbox",
+            path_request(&[], json!({})),
+            entry(),
+        ),
+        (
+            "fs::mkdir",
+            "Create a directory in a sandbox",
+            path_request(
+                &[],
+                json!({"mode": mode("0755"), "parents": flag("Create missing parents; an existing directory is then not an error")}),
+            ),
+            object(
+                &["created"],
+                json!({"created": {"type": "boolean", "description": "false when it existed already (parents: true)"}}),
+            ),
+        ),
+        (
+            "fs::write",
+            "Write a file in a sandbox (replaces its contents)",
+            write_request(),
+            object(
+                &["bytes_written", "path"],
+                json!({"bytes_written": count(), "path": {"type": "string"}}),
+            ),
+        ),
+        (
+            "fs::read",
+            "Read a file from a sandbox: UTF-8 files up to 1 MiB come back as `body`",
+            path_request(&[], json!({})),
+            read_response(),
+        ),
+        (
+            "fs::rm",
+            "Remove a file or directory in a sandbox",
+            path_request(
+                &[],
+                json!({"recursive": flag("Remove a non-empty directory and everything under it")}),
+            ),
+            object(&["removed"], json!({"removed": {"type": "boolean"}})),
+        ),
+        (
+            "fs::chmod",
+            "Change the mode (and optionally owner) of a path in a sandbox",
+            path_request(
+                &["mode"],
+                json!({
+                    "mode": mode_pattern(),
+                    "uid": {"type": "integer", "minimum": 0},
+                    "gid": {"type": "integer", "minimum": 0},
+                    "recursive": flag("Apply to everything under a directory (symlinks are skipped)"),
+                }),
+            ),
+            object(
+                &["updated"],
+                json!({"updated": {"type": "integer", "minimum": 0, "description": "Paths changed"}}),
+            ),
+        ),
+        (
+            "fs::mv",
+            "Move or rename a path in a sandbox",
+            object(
+                &["sandbox_id", "src", "dst"],
+                json!({
+                    "sandbox_id": uuid_schema(),
+                    "src": guest_path(),
+                    "dst": guest_path(),
+                    "overwrite": flag("Replace an existing destination"),
+                }),
+            ),
+            object(&["moved"], json!({"moved": {"type": "boolean"}})),
+        ),
+    ]
+}
+
+/// `sandbox_id` + `path`, plus `more` properties; `extra_required` beyond those two.
+fn path_request(extra_required: &[&str], more: Value) -> Value {
+    let mut required = vec!["sandbox_id", "path"];
+    required.extend_from_slice(extra_required);
+    let mut properties = json!({"sandbox_id": uuid_schema(), "path": guest_path()});
+    if let (Some(all), Value::Object(more)) = (properties.as_object_mut(), more) {
+        all.extend(more);
+    }
+    object(&required, properties)
+}
+
+fn write_request() -> Value {
+    let mut schema = path_request(
+        &[],
+        json!({
+            "content": {"type": "string", "description": "UTF-8 text to write"},
+            "content_b64": {"type": "string", "contentEncoding": "base64", "description": "Bytes to write, base64"},
+            "mode": mode("0644"),
+            "parents": flag("Create missing parent directories"),
+        }),
+    );
+    schema["oneOf"] = json!([{"required": ["content"]}, {"required": ["content_b64"]}]);
+    schema
+}
+
+fn read_response() -> Value {
+    object(
+        &["content", "size", "mode", "mtime"],
+        json!({
+            "content": {"type": "null", "description": "Channel ref for large or binary files; channels are not available in this build, so always null"},
+            "body": {"type": "string", "description": "The file's text (UTF-8 files up to 1 MiB)"},
+            "size": count(),
+            "mode": mode_pattern(),
+            "mtime": mtime(),
+        }),
+    )
+}
+
+fn entry() -> Value {
+    object(
+        &["name", "is_dir", "is_symlink", "size", "mode", "mtime"],
+        json!({
+            "name": {"type": "string"},
+            "is_dir": {"type": "boolean"},
+            "is_symlink": {"type": "boolean"},
+            "size": count(),
+            "mode": mode_pattern(),
+            "mtime": mtime(),
+        }),
+    )
+}
+
+fn guest_path() -> Value {
+    json!({"type": "string", "pattern": "^/", "description": "Absolute path inside the sandbox"})
+}
+
+fn mode_pattern() -> Value {
+    json!({"type": "string", "pattern": "^[0-7]{3,4}$", "description": "Octal permission bits, e.g. \"0755\""})
+}
+
+fn mode(default: &str) -> Value {
+    let mut schema = mode_pattern();
+    schema["default"] = json!(default);
+    schema
+}
+
+fn flag(description: &str) -> Value {
+    json!({"type": "boolean", "default": false, "description": description})
+}
+
+fn count() -> Value {
+    json!({"type": "integer", "minimum": 0})
+}
+
+fn mtime() -> Value {
+    json!({"type": "integer", "description": "Seconds since the Unix epoch"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fs_function_has_object_schemas_naming_its_required_fields() {
+        let specs = specs();
+        assert_eq!(specs.len(), 8);
+        for (id, _, request, response) in specs {
+            assert_eq!(request["type"], "object", "{id}");
+            assert_eq!(response["type"], "object", "{id}");
+            let required = request["required"].as_array().unwrap();
+            assert!(required.contains(&json!("sandbox_id")), "{id}");
+            for field in required {
+                let name = field.as_str().unwrap();
+                assert!(request["properties"].get(name).is_some(), "{id}: {name}");
+            }
+        }
+    }
+}
