@@ -1,13 +1,16 @@
 //! The `fs::*` functions end to end on the bwrap plugin: every verb's happy path and its main
 //! refusals (S211 with the `parents` fix, S212, S213, S214, S210, S002, S004), write/read round
 //! trips (text, base64 binary -> S219 on read, the 1 MiB body limit), exec and fs seeing each
-//! other's files, mode rendering, and a table of malformed payloads that are all S001.
+//! other's files, mode rendering, a table of malformed payloads that are all S001, and no idle
+//! reaping while an fs call is in flight.
 
 mod sandbox_support;
 
 use base64::Engine as _;
 use e2e_tests::{bwrap_usable, RemoteError, Stack};
-use sandbox_support::{create, exec_ok, expect_err, sh, stop};
+use std::time::Duration;
+
+use sandbox_support::{create, eventually, exec_ok, expect_err, live_ids, sh, stop};
 use serde_json::{json, Value};
 
 const MIB: usize = 1024 * 1024;
@@ -488,4 +491,40 @@ async fn malformed_fs_payloads_are_s001_and_the_adapter_keeps_serving() {
         (json!("/"), json!(true))
     );
     stop(&stack, &id, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_fs_call_in_flight_keeps_the_reaper_away() {
+    if !bwrap_usable("an_fs_call_in_flight_keeps_the_reaper_away") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({"idle_timeout_secs": 1})).await;
+    // Reading a FIFO blocks in the agent until something writes to it: an fs call that stays
+    // in flight for as long as we like, well past the idle timeout.
+    exec_ok(&stack, &id, sh("mkfifo /tmp/pipe")).await;
+    let read = fs(&stack, "read", &id, json!({"path": "/tmp/pipe"}));
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let live = live_ids(&stack).await;
+        exec_ok(&stack, &id, sh("echo through > /tmp/pipe")).await;
+        live
+    };
+    let (read, live_during_read) = tokio::join!(read, meanwhile);
+    assert!(
+        live_during_read.contains(&id),
+        "reaped mid-call: {live_during_read:?}"
+    );
+    // The call did finish once the FIFO had a writer. The agent seeks before reading, which a
+    // FIFO refuses (S216, ESPIPE); should it learn to read pipes, the body is what was written.
+    match read {
+        Ok(read) => assert_eq!(read["body"], "through\n", "{read}"),
+        Err(e) => assert_eq!(expect_err(Err(e), "fifo read").0, "S216"),
+    }
+    // Idle again, it goes.
+    let reaped = eventually(Duration::from_secs(20), || async {
+        !live_ids(&stack).await.contains(&id)
+    })
+    .await;
+    assert!(reaped, "an idle sandbox with no call in flight is reaped");
 }
