@@ -60,8 +60,11 @@ pub fn read(
     if meta.is_dir() {
         return Err(fs_error(FsErrorCode::WrongType, path, "is a directory"));
     }
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| os_error(path, e))?;
+    // Pipes and character devices cannot seek: reading them from the start must still work.
+    if offset > 0 {
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|e| os_error(path, e))?;
+    }
     let mut left = max_bytes;
     let mut buf = vec![0u8; CHUNK_SIZE];
     while left > 0 {
