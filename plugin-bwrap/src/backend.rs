@@ -117,20 +117,7 @@ impl Backend for BwrapBackend {
     }
 
     fn boot_logs(&self, layer_dir: &Path) -> String {
-        let log = std::fs::read_to_string(layer_dir.join("sandbox.log")).unwrap_or_default();
-        let tail: String = log
-            .chars()
-            .rev()
-            .take(1500)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        if tail.trim().is_empty() {
-            String::new()
-        } else {
-            format!("; sandbox log tail: {}", tail.trim())
-        }
+        sandbox_core::log_tails(&[("sandbox", &layer_dir.join("sandbox.log"))])
     }
 
     fn release_layer(&self, layer_dir: &Path) {

@@ -8,9 +8,6 @@ use vm_runner::exit::{BAD_SPEC, HOST_UNFIT, VM_FAILED};
 
 use crate::vm_spec::VmSpecError;
 
-/// How much of each log a boot error carries.
-const TAIL_BYTES: usize = 1500;
-
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
     #[error("the VM runner `sandbox-libkrun-vm` was not found at {0} (set SANDBOX_LIBKRUN_VM)")]
@@ -47,22 +44,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 
 /// The runner's messages and the console's tail, as a suffix for an error message.
 pub fn log_tails(runner_log: &Path, console_log: &Path) -> String {
-    let mut out = String::new();
-    for (name, path) in [("runner", runner_log), ("console", console_log)] {
-        let tail = tail(path);
-        if !tail.is_empty() {
-            out.push_str(&format!("; {name} log tail: {tail}"));
-        }
-    }
-    out
-}
-
-fn tail(path: &Path) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let start = bytes.len().saturating_sub(TAIL_BYTES);
-    String::from_utf8_lossy(&bytes[start..])
-        .trim()
-        .replace('\r', "")
+    sandbox_core::log_tails(&[("runner", runner_log), ("console", console_log)])
 }
 
 #[cfg(test)]
@@ -86,6 +68,6 @@ mod tests {
         let text = log_tails(&dir.path().join("missing"), &console);
         assert!(text.starts_with("; console log tail: "), "{text}");
         assert!(text.ends_with("the end"), "{text}");
-        assert!(text.len() < TAIL_BYTES + 40);
+        assert!(text.len() < sandbox_core::backend::LOG_TAIL_BYTES + 40);
     }
 }

@@ -51,6 +51,26 @@ pub trait SandboxProcess: Send + Sync {
     async fn kill(&self);
 }
 
+/// How much of each log a boot error carries.
+pub const LOG_TAIL_BYTES: usize = 1500;
+
+/// The last lines of each named log, as a suffix for an error message
+/// (`"; console log tail: ..."`); logs that are missing or empty add nothing.
+pub fn log_tails(logs: &[(&str, &Path)]) -> String {
+    let mut out = String::new();
+    for (name, path) in logs {
+        let bytes = std::fs::read(path).unwrap_or_default();
+        let start = bytes.len().saturating_sub(LOG_TAIL_BYTES);
+        let tail = String::from_utf8_lossy(&bytes[start..])
+            .trim()
+            .replace('\r', "");
+        if !tail.is_empty() {
+            out.push_str(&format!("; {name} log tail: {tail}"));
+        }
+    }
+    out
+}
+
 /// A sandbox held by one child process of the adapter (bwrap, the VM runner): alive while it
 /// runs, ended by killing it.
 pub struct ChildProcess {

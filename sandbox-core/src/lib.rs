@@ -35,7 +35,8 @@ mod registry;
 pub mod request;
 
 pub use backend::{
-    AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxProcess,
+    log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, HostUnfit,
+    SandboxProcess,
 };
 pub use config::Config;
 pub use error::SandboxError;
