@@ -10,7 +10,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sandbox-libkrun-quickstart.XXXXXX")
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+# Everything lives in $work and goes with it (SANDBOX_KEEP_WORK=1 keeps it, logs included).
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "${SANDBOX_KEEP_WORK:-0}" = 1 ]; then echo "kept: $work"; else rm -rf "$work"; fi
+}
 trap cleanup EXIT
 
 SKIP_VM_LAB=${SKIP_VM_LAB:-1} bash "$root/scripts/install-deps.sh"

@@ -17,7 +17,7 @@ export SANDBOX_AGENT_PATH SANDBOX_AGENT_BIN="$SANDBOX_AGENT_PATH"
 
 step "registry with the fixture images"
 read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash tests/fixtures/start-registry.sh "$work/registry")
-trap 'kill $reg_pid 2>/dev/null || true' EXIT
+trap 'kill $reg_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 bash tests/fixtures/build-fixtures.sh "$reg_addr" busybox python node >/dev/null
 export SANDBOX_TEST_REGISTRY=$reg_addr
 
