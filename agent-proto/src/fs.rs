@@ -50,6 +50,69 @@ pub enum FsRequest {
         dst: String,
         overwrite: bool,
     },
+    /// Lines of regular files matching `pattern` (see `GREP_*` for the bounds). Globs without
+    /// `/` match a file's name, globs with `/` its path relative to `path`; `exclude_glob`
+    /// also prunes directories. `path` itself may be a file or a link; links met while
+    /// walking are never followed.
+    Grep {
+        path: String,
+        pattern: String,
+        recursive: bool,
+        ignore_case: bool,
+        include_glob: Vec<String>,
+        exclude_glob: Vec<String>,
+        max_matches: u64,
+        max_line_bytes: u64,
+    },
+    /// Replaces `pattern` in each file of `target`, every file rewritten atomically. With
+    /// `regex`, `replacement` uses the regex crate's `$1` / `${name}` syntax; without it both
+    /// are literal. `recursive` and the globs only filter a `Tree` walk.
+    Sed {
+        target: SedTarget,
+        pattern: String,
+        replacement: String,
+        regex: bool,
+        first_only: bool,
+        ignore_case: bool,
+        recursive: bool,
+        include_glob: Vec<String>,
+        exclude_glob: Vec<String>,
+    },
+}
+
+/// What `fs::sed` rewrites: the files named, or the files under (or at) a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SedTarget {
+    Files(Vec<String>),
+    Tree(String),
+}
+
+/// `fs::grep`'s default and largest `max_matches`.
+pub const GREP_DEFAULT_MATCHES: u64 = 10_000;
+pub const GREP_MAX_MATCHES: u64 = 100_000;
+/// `fs::grep`'s default and largest `max_line_bytes`.
+pub const GREP_DEFAULT_LINE_BYTES: u64 = 4096;
+pub const GREP_MAX_LINE_BYTES: u64 = 65_536;
+/// Most files one `fs::sed` call may rewrite (named or found by its walk): every file gets a
+/// result, and all results travel in one frame.
+pub const SED_MAX_FILES: usize = 4_000;
+
+/// One `fs::grep` hit: `line` counts from 1, `content` is the line without its newline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrepMatch {
+    pub path: String,
+    pub line: u64,
+    pub content: String,
+}
+
+/// One file's outcome in `fs::sed`; `error` is set exactly when `success` is false.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SedFileResult {
+    pub path: String,
+    pub replacements: u64,
+    pub success: bool,
+    pub error: Option<String>,
 }
 
 /// One directory entry, as `fs::ls` and `fs::stat` report it.
@@ -105,6 +168,15 @@ pub enum FsResponse {
     },
     Moved {
         moved: bool,
+    },
+    /// `truncated`: more matches exist than were sent (`max_matches` or the frame size).
+    Matches {
+        matches: Vec<GrepMatch>,
+        truncated: bool,
+    },
+    Replaced {
+        results: Vec<SedFileResult>,
+        total_replacements: u64,
     },
 }
 

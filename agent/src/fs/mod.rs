@@ -4,7 +4,12 @@
 
 mod entry;
 mod file;
+mod grep;
+mod pattern;
+mod sed;
 mod tree;
+mod walk;
+mod wire;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -64,6 +69,55 @@ fn run(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) -> Result<Fs
             dst,
             overwrite,
         } => tree::mv(&guest_path(&src)?, &guest_path(&dst)?, overwrite),
+        FsRequest::Grep {
+            path,
+            pattern,
+            recursive,
+            ignore_case,
+            include_glob,
+            exclude_glob,
+            max_matches,
+            max_line_bytes,
+        } => grep::grep(
+            &guest_path(&path)?,
+            &grep::Query {
+                pattern: &pattern,
+                recursive,
+                ignore_case,
+                include_glob: &include_glob,
+                exclude_glob: &exclude_glob,
+                max_matches,
+                max_line_bytes,
+            },
+        ),
+        FsRequest::Sed {
+            target,
+            pattern,
+            replacement,
+            regex,
+            first_only,
+            ignore_case,
+            recursive,
+            include_glob,
+            exclude_glob,
+        } => {
+            if let agent_proto::fs::SedTarget::Tree(root) = &target {
+                guest_path(root)?;
+            }
+            sed::sed(
+                &target,
+                &sed::Query {
+                    pattern: &pattern,
+                    replacement: &replacement,
+                    regex,
+                    first_only,
+                    ignore_case,
+                    recursive,
+                    include_glob: &include_glob,
+                    exclude_glob: &exclude_glob,
+                },
+            )
+        }
     }
 }
 

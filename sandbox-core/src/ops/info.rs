@@ -14,6 +14,8 @@ pub const FEATURES: &[&str] = &[
     "list",
     "run",
     "fs",
+    "fs_grep",
+    "fs_sed",
     "catalog",
     "idle_reaping",
     "reconcile",

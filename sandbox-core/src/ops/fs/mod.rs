@@ -7,6 +7,7 @@ mod entries;
 mod file;
 mod mode;
 pub mod schema;
+mod search;
 mod tree;
 
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub async fn dispatch<B: Backend>(
         "mv" => tree::mv(plugin, payload).await,
         "write" => file::write(plugin, payload).await,
         "read" => file::read(plugin, payload).await,
+        "grep" => search::grep(plugin, payload).await,
+        "sed" => search::sed(plugin, payload).await,
         other => Err(SandboxError::InvalidRequest(format!(
             "unknown function `fs::{other}`"
         ))),

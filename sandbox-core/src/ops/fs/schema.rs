@@ -1,5 +1,9 @@
 //! The JSON Schemas of the `fs::*` rows of the function table (SPEC.md section 2).
 
+use agent_proto::fs::{
+    GREP_DEFAULT_LINE_BYTES, GREP_DEFAULT_MATCHES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
+    SED_MAX_FILES,
+};
 use serde_json::{json, Value};
 
 use crate::functions::{object, uuid_schema};
@@ -89,7 +93,95 @@ pub fn specs() -> Vec<(&'static str, &'static str, Value, Value)> {
             ),
             object(&["moved"], json!({"moved": {"type": "boolean"}})),
         ),
+        (
+            "fs::grep",
+            "Search files in a sandbox for lines matching a regex (binary files and links are skipped)",
+            grep_request(),
+            object(
+                &["matches", "truncated"],
+                json!({
+                    "matches": {"type": "array", "items": object(
+                        &["path", "line", "content"],
+                        json!({
+                            "path": {"type": "string"},
+                            "line": {"type": "integer", "minimum": 1},
+                            "content": {"type": "string", "description": "The line without its newline, cut to max_line_bytes"},
+                        }),
+                    )},
+                    "truncated": {"type": "boolean", "description": "More matches exist than were returned (max_matches or the 1 MiB reply bound)"},
+                }),
+            ),
+        ),
+        (
+            "fs::sed",
+            "Replace a pattern in files of a sandbox; each file is rewritten atomically, mode and owner kept",
+            sed_request(),
+            object(
+                &["results", "total_replacements"],
+                json!({
+                    "results": {"type": "array", "items": object(
+                        &["path", "replacements", "success"],
+                        json!({
+                            "path": {"type": "string"},
+                            "replacements": count(),
+                            "success": {"type": "boolean"},
+                            "error": {"type": "string", "description": "Why this file failed (present when success is false)"},
+                        }),
+                    )},
+                    "total_replacements": count(),
+                }),
+            ),
+        ),
     ]
+}
+
+fn globs(what: &str) -> Value {
+    json!({
+        "type": "array",
+        "items": {"type": "string"},
+        "default": [],
+        "description": format!("{what}: a glob without `/` matches the file name, one with `/` the path relative to `path` (`*` stays within one directory, `**` crosses them)"),
+    })
+}
+
+fn recursive() -> Value {
+    json!({"type": "boolean", "default": true, "description": "Descend into subdirectories (symlinks are never followed); false: only the directory's own files"})
+}
+
+fn grep_request() -> Value {
+    path_request(
+        &["pattern"],
+        json!({
+            "pattern": {"type": "string", "description": "Regex (Rust regex syntax), matched against each line"},
+            "recursive": recursive(),
+            "ignore_case": flag("Match case-insensitively"),
+            "include_glob": globs("Only files matching one of these"),
+            "exclude_glob": globs("Skip files and directories matching one of these"),
+            "max_matches": {"type": "integer", "minimum": 1, "maximum": GREP_MAX_MATCHES, "default": GREP_DEFAULT_MATCHES},
+            "max_line_bytes": {"type": "integer", "minimum": 0, "maximum": GREP_MAX_LINE_BYTES, "default": GREP_DEFAULT_LINE_BYTES},
+        }),
+    )
+}
+
+fn sed_request() -> Value {
+    let mut schema = object(
+        &["sandbox_id", "pattern", "replacement"],
+        json!({
+            "sandbox_id": uuid_schema(),
+            "files": {"type": "array", "items": guest_path(), "minItems": 1, "maxItems": SED_MAX_FILES, "description": "The files to edit (symlinks among them are refused)"},
+            "path": {"type": "string", "pattern": "^/", "description": "A file, or a directory whose files are edited (binary files and symlinks skipped)"},
+            "pattern": {"type": "string", "minLength": 1, "description": "Regex (or literal text with regex: false); ^ and $ match at line boundaries"},
+            "replacement": {"type": "string", "description": "With regex: true, $1 / ${name} insert capture groups ($$ is a literal $); literal otherwise"},
+            "regex": {"type": "boolean", "default": true},
+            "first_only": flag("Replace only the first match of each file"),
+            "ignore_case": flag("Match case-insensitively"),
+            "recursive": recursive(),
+            "include_glob": globs("With `path`: only files matching one of these"),
+            "exclude_glob": globs("With `path`: skip files and directories matching one of these"),
+        }),
+    );
+    schema["oneOf"] = json!([{"required": ["files"]}, {"required": ["path"]}]);
+    schema
 }
 
 /// `sandbox_id` + `path`, plus `more` properties; `extra_required` beyond those two.
@@ -177,7 +269,7 @@ mod tests {
     #[test]
     fn every_fs_function_has_object_schemas_naming_its_required_fields() {
         let specs = specs();
-        assert_eq!(specs.len(), 8);
+        assert_eq!(specs.len(), 10);
         for (id, _, request, response) in specs {
             assert_eq!(request["type"], "object", "{id}");
             assert_eq!(response["type"], "object", "{id}");
