@@ -1,9 +1,9 @@
 //! `fs::grep` and `fs::sed` end to end on the bwrap plugin: a grep over a tree (line numbers,
 //! ignore_case, include/exclude globs, recursive: false, max_matches -> truncated,
-//! max_line_bytes cut at a UTF-8 boundary, binary files and symlinks skipped), a grep of one
-//! file, S217/S211/S210; sed with capture groups, literal mode, first_only, a missing file
-//! among `files` (per-file error, the others done), mode and owner kept, untouched files not
-//! rewritten, exec seeing the result; and a table of malformed payloads (S001/S210) after
+//! max_line_bytes cut at a UTF-8 boundary, binary files and symlinks skipped, /proc left out
+//! of a grep of /), a grep of one file, S217/S211/S210; sed with capture groups, literal mode,
+//! first_only, a missing file among `files` (per-file error, the others done), mode and owner
+//! kept, untouched files not rewritten, exec seeing the result; and a table of malformed payloads (S001/S210) after
 //! which the adapter keeps serving.
 
 mod sandbox_support;
@@ -170,6 +170,21 @@ async fn grep_searches_trees_and_files() {
     assert_eq!(
         grep(&stack, &id, through).await.0,
         [row("/tmp/g/link/secret.txt", 1, "needle outside")]
+    );
+
+    // The whole root: pseudo filesystems (/proc, /sys) are left out, so nothing blocks there
+    // and /proc/cmdline (one non-empty line) does not match the empty pattern.
+    let started = std::time::Instant::now();
+    let everything = json!({"path": "/", "pattern": "", "include_glob": ["cmdline", "notes.txt"]});
+    let (rows, _) = grep(&stack, &id, everything).await;
+    println!("grep over / of the python image: {:?}", started.elapsed());
+    assert_eq!(
+        rows,
+        [
+            row(notes, 1, "needle one"),
+            row(notes, 2, "nothing"),
+            row(notes, 3, "needle two")
+        ]
     );
 
     // Refusals.
