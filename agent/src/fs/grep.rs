@@ -4,6 +4,12 @@
 //! lossily. Files that cannot be read while walking are skipped (like `grep -rs`).
 //! `truncated` is set when a further match exists beyond `max_matches`, or when the
 //! reply would outgrow one frame (`wire::REPLY_BUDGET`).
+//!
+//! Files up to `WHOLE_FILE_MAX` are searched as one buffer: the regex (with `^`/`$` at line
+//! boundaries) skips to a candidate, and the candidate's line is then checked on its own, so
+//! the result is exactly that of a line-by-line search, several times faster. Larger files,
+//! and patterns whose meaning differs between a buffer and a line (`\A`, `\z`, a `-m`
+//! flag), are read line by line with bounded memory.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -23,6 +29,8 @@ use super::wire::{json_str_len, REPLY_BUDGET};
 pub const BINARY_PROBE: usize = 8 * 1024;
 /// Longest line held in memory: a longer line is matched on its first `SCAN_LINE_CAP` bytes.
 const SCAN_LINE_CAP: usize = 8 * 1024 * 1024;
+/// Largest file searched as one buffer.
+const WHOLE_FILE_MAX: u64 = 16 * 1024 * 1024;
 /// JSON around one match besides its two strings: `{"path":,"line":N,"content":},`.
 const MATCH_OVERHEAD: usize = 64;
 
@@ -50,7 +58,7 @@ pub fn grep(root: &Path, query: &Query) -> Result<FsResponse, FsError> {
             format!("max_line_bytes must be 0..={GREP_MAX_LINE_BYTES}"),
         ));
     }
-    let regex = pattern::regex(query.pattern, false, query.ignore_case, false)?;
+    let regex = Patterns::new(query.pattern, query.ignore_case)?;
     let filter = Filter::new(query.include_glob, query.exclude_glob)?;
     let mut hits = Hits {
         matches: Vec::new(),
@@ -108,9 +116,28 @@ impl Hits {
     }
 }
 
+/// The pattern compiled for a line, and for a whole buffer when that means the same.
+struct Patterns {
+    line: Regex,
+    buffer: Option<Regex>,
+}
+
+impl Patterns {
+    fn new(pattern: &str, ignore_case: bool) -> Result<Patterns, FsError> {
+        let line = pattern::regex(pattern, false, ignore_case, false)?;
+        let differs = [r"\A", r"\z", "-m"].iter().any(|s| pattern.contains(s));
+        let buffer = if differs {
+            None
+        } else {
+            Some(pattern::regex(pattern, false, ignore_case, true)?)
+        };
+        Ok(Patterns { line, buffer })
+    }
+}
+
 fn search_file(
     path: &Path,
-    regex: &Regex,
+    patterns: &Patterns,
     line_bytes: usize,
     hits: &mut Hits,
 ) -> io::Result<ControlFlow<()>> {
@@ -123,19 +150,63 @@ fn search_file(
         return Ok(ControlFlow::Continue(()));
     }
     let shown = path.to_string_lossy();
+    let mut found = |number: u64, line: &[u8]| {
+        let content = String::from_utf8_lossy(cut(line, line_bytes)).into_owned();
+        hits.push(&shown, number, content)
+    };
+    if let Some(buffer) = &patterns.buffer {
+        if file.metadata()?.len() <= WHOLE_FILE_MAX {
+            let mut data = head;
+            // A file growing meanwhile is searched up to the bound.
+            (&mut file)
+                .take(WHOLE_FILE_MAX.saturating_sub(data.len() as u64))
+                .read_to_end(&mut data)?;
+            return Ok(search_buffer(&data, buffer, &patterns.line, &mut found));
+        }
+    }
     let mut reader = BufReader::with_capacity(64 * 1024, io::Cursor::new(head).chain(file));
     let mut line = Vec::new();
     let mut number = 0u64;
     while next_line(&mut reader, &mut line, SCAN_LINE_CAP)? {
         number += 1;
-        if regex.is_match(&line) {
-            let content = String::from_utf8_lossy(cut(&line, line_bytes)).into_owned();
-            if hits.push(&shown, number, content).is_break() {
-                return Ok(ControlFlow::Break(()));
-            }
+        if patterns.line.is_match(&line) && found(number, &line).is_break() {
+            return Ok(ControlFlow::Break(()));
         }
     }
     Ok(ControlFlow::Continue(()))
+}
+
+/// Calls `found(number, line)` for each line of `data` that `line_re` matches, using the
+/// multi-line `buffer_re` to skip ahead: a line `line_re` matches holds a `buffer_re` match
+/// at the same place, so a search from the start of any earlier line stops at or before it.
+fn search_buffer(
+    data: &[u8],
+    buffer_re: &Regex,
+    line_re: &Regex,
+    found: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
+) -> ControlFlow<()> {
+    let mut pos = 0; // always the start of a line
+    let mut number = 1u64; // the number of the line starting at `counted`
+    let mut counted = 0;
+    while pos <= data.len() {
+        let Some(candidate) = buffer_re.find_at(data, pos) else {
+            break;
+        };
+        let at = candidate.start();
+        if at == data.len() && (data.is_empty() || data[at - 1] == b'\n') {
+            break; // after the last newline: no line there
+        }
+        let start = memchr::memrchr(b'\n', &data[..at]).map_or(0, |i| i + 1);
+        let end = memchr::memchr(b'\n', &data[at..]).map_or(data.len(), |i| at + i);
+        number += memchr::memchr_iter(b'\n', &data[counted..start]).count() as u64;
+        counted = start;
+        let line = &data[start..end];
+        if line_re.is_match(line) && found(number, line).is_break() {
+            return ControlFlow::Break(());
+        }
+        pos = end + 1;
+    }
+    ControlFlow::Continue(())
 }
 
 /// GNU grep's test: a NUL byte in the probed head.
@@ -236,6 +307,10 @@ mod tests {
             ]
         );
         assert!(!truncated);
+        // `\A` is read line by line: a line's start, as with any other pattern.
+        let (rows, _) = matches(grep(&text, &query(r"\Afoo")).unwrap());
+        let lines: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        assert_eq!(lines, [1, 4]);
         let mut q = query("FOO");
         q.ignore_case = true;
         assert_eq!(matches(grep(&text, &q).unwrap()).0.len(), 3);
@@ -281,6 +356,70 @@ mod tests {
         let mut q = query("a");
         q.max_line_bytes = 10;
         assert_eq!(matches(grep(&f, &q).unwrap()).0[0].2, "a".repeat(9));
+    }
+
+    /// Every line `re` matches, read line by line: the reference for the buffer search.
+    fn by_lines(data: &[u8], re: &Regex) -> Vec<(u64, Vec<u8>)> {
+        let mut input = io::Cursor::new(data.to_vec());
+        let mut line = Vec::new();
+        let mut rows = Vec::new();
+        let mut number = 0;
+        while next_line(&mut input, &mut line, usize::MAX).unwrap() {
+            number += 1;
+            if re.is_match(&line) {
+                rows.push((number, line.clone()));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn buffer_search_finds_exactly_the_lines_a_line_search_finds() {
+        let patterns = [
+            "",
+            "^",
+            "$",
+            "a$",
+            "^b",
+            "a\\nb",
+            "\\s+b",
+            "x*",
+            "[^a]",
+            "\\bfoo\\b",
+            "o$",
+            "^$",
+            "(?s)a.*b",
+            "b|^",
+            "\\n",
+        ];
+        let inputs: [&[u8]; 8] = [
+            b"",
+            b"\n",
+            b"a\nb\n",
+            b"ab",
+            b"foo\nbar foo\n\nzap",
+            b"a\n\nb",
+            b"\n\n\nfoo",
+            b"caf\xe9 foo\xff\n\xfe",
+        ];
+        for pattern in patterns {
+            let p = Patterns::new(pattern, false).unwrap();
+            let buffer_re = p.buffer.as_ref().expect("buffer mode");
+            for data in inputs {
+                let mut rows = Vec::new();
+                let _ = search_buffer(data, buffer_re, &p.line, &mut |n, line| {
+                    rows.push((n, line.to_vec()));
+                    ControlFlow::Continue(())
+                });
+                assert_eq!(rows, by_lines(data, &p.line), "{pattern:?} on {data:?}");
+            }
+        }
+        for whole_input_only in ["\\Aa", "b\\z", "(?-m)^b"] {
+            assert!(Patterns::new(whole_input_only, false)
+                .unwrap()
+                .buffer
+                .is_none());
+        }
     }
 
     #[test]
