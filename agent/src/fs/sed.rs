@@ -301,6 +301,13 @@ mod tests {
         std::fs::write(&script, "echo old; echo old\n").unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o751)).unwrap();
         std::fs::write(&other, "nothing here\n").unwrap();
+        // As root, give the file another owner so that keeping it is a real check.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&script, Some(1234), Some(2345)).unwrap();
+        } else {
+            eprintln!("not root: the owner kept by sed is only the test's own (not chowned)");
+        }
         let before = std::fs::metadata(&script).unwrap();
         let other_inode = std::fs::metadata(&other).unwrap().ino();
         let target = SedTarget::Tree(dir.path().to_string_lossy().into_owned());
