@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the adapter needs at run time into one directory:
-#   sandbox-libkrun, libplugin_libkrun.so, libplugin_bwrap.so, sandbox-agent (static),
+#   sandbox-libkrun, libplugin_libkrun.so, libplugin_bwrap.so (+ sandbox-bwrap-launch),
+#   sandbox-agent (static),
 #   sandbox-libkrun-vm, sandbox-libkrun-pull, iii-test-engine, trigger.
 # usage: scripts/build.sh [--debug] [OUT_DIR]   (default OUT_DIR: dist/)
 set -euo pipefail
@@ -14,7 +15,7 @@ cargo build --manifest-path "$root/Cargo.toml" $flag \
   -p iii-test-engine -p sandbox-examples >&2
 agent=$(sh "$root/agent/build-static.sh")
 mkdir -p "$out"
-for f in sandbox-libkrun libplugin_libkrun.so libplugin_bwrap.so sandbox-libkrun-vm \
+for f in sandbox-libkrun libplugin_libkrun.so libplugin_bwrap.so sandbox-bwrap-launch sandbox-libkrun-vm \
          sandbox-libkrun-pull iii-test-engine trigger; do
   cp -f "$target_dir/$profile/$f" "$out/"
 done

@@ -2,29 +2,47 @@
 //! sandbox's overlay root, speaking its protocol on stdin/stdout.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
 };
-use tokio::process::Command;
+use tokio::io::AsyncWriteExt;
 
-use crate::cgroup::{self, Limits};
-use crate::mount::OverlaySetup;
+use crate::cgroup;
+use crate::launch::LaunchCommand;
+use crate::pool::LauncherPool;
 
 /// Where the agent binary appears inside the sandbox.
 const AGENT_IN_SANDBOX: &str = "/.iii-agent";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Overrides where the launcher binary is found (default: next to the adapter's executable).
+pub const LAUNCHER_ENV: &str = "SANDBOX_BWRAP_LAUNCH";
+const LAUNCHER: &str = "sandbox-bwrap-launch";
+/// Names, in each sandbox's layer, the cgroup the sandbox got from its launcher.
+const GROUP_FILE: &str = "cgroup";
 
 pub struct BwrapBackend {
     bwrap: Option<PathBuf>,
+    launcher: PathBuf,
+    pool: Arc<LauncherPool>,
 }
 
 impl BwrapBackend {
     pub fn new() -> Self {
+        let launcher = std::env::var_os(LAUNCHER_ENV)
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                Some(exe.parent()?.join(LAUNCHER))
+            })
+            .unwrap_or_else(|| PathBuf::from(LAUNCHER));
+        cgroup::sweep_unused_launcher_groups();
         Self {
             bwrap: find_in_path("bwrap"),
+            pool: Arc::new(LauncherPool::new(launcher.clone())),
+            launcher,
         }
     }
 }
@@ -52,6 +70,12 @@ impl Backend for BwrapBackend {
                 "the bwrap backend runs as root: it mounts each sandbox's overlay root".into(),
             ));
         }
+        if !self.launcher.is_file() {
+            return Err(HostUnfit(format!(
+                "the launcher `{LAUNCHER}` was not found at {} (set {LAUNCHER_ENV})",
+                self.launcher.display()
+            )));
+        }
         Ok(())
     }
 
@@ -67,51 +91,47 @@ impl Backend for BwrapBackend {
             std::fs::create_dir(dir)
                 .map_err(|e| boot_error("cannot prepare the sandbox layer", e))?;
         }
-        let limits = Limits::create(&spec.sandbox_id, spec.cpus, spec.memory_mb);
-        if !limits.is_enforced() {
+        let launcher = self.pool.take().map_err(|e| {
+            boot_error(
+                &format!("cannot start the launcher {}", self.launcher.display()),
+                e,
+            )
+        })?;
+        let group = launcher.group.name().to_string();
+        std::fs::write(spec.layer_dir.join(GROUP_FILE), &group)
+            .map_err(|e| boot_error("cannot record the sandbox's cgroup", e))?;
+        if !launcher.group.set_limits(spec.cpus, spec.memory_mb) {
             tracing::debug!(sandbox_id = %spec.sandbox_id, "no writable cgroup hierarchy: cpus and memory are not enforced");
         }
-        let overlay = OverlaySetup::new(
-            &spec.image_root,
-            &upper,
-            &work,
-            &merged,
-            limits.procs_files(),
-        )
-        .map_err(|e| boot_error("cannot prepare the overlay", e))?;
-        let log = std::fs::File::create(spec.layer_dir.join("sandbox.log"))
-            .map_err(|e| boot_error("cannot open the sandbox log", e))?;
-
-        let mut command = Command::new(bwrap);
-        command
-            .args(bwrap_args(spec, &merged))
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true);
-        // SAFETY: `apply_in_child` makes only async-signal-safe system calls on memory prepared
-        // before fork (see its contract); `overlay` lives until `spawn` returns.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || overlay.apply_in_child());
-        }
-        // bwrap's --die-with-parent ties the sandbox to the thread that spawns it; tokio's
-        // worker threads live as long as the runtime, unlike its blocking pool threads.
-        let mut child = command
-            .spawn()
-            .map_err(|e| boot_error("cannot start bwrap", e))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let path = |p: &Path| p.display().to_string();
+        let command = LaunchCommand {
+            lower: path(&spec.image_root),
+            upper: path(&upper),
+            work: path(&work),
+            merged: path(&merged),
+            log: path(&spec.layer_dir.join("sandbox.log")),
+            bwrap: path(bwrap),
+            args: bwrap_args(spec, &merged),
+        };
+        let message = command
+            .encode()
+            .map_err(|e| boot_error("cannot prepare the launch", e))?;
+        let mut child = launcher.child;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(SandboxError::BootFailed(
-                "bwrap started without its pipes".into(),
+                "the launcher started without its pipes".into(),
             ));
         };
+        stdin
+            .write_all(&message)
+            .await
+            .map_err(|e| boot_error("the launcher did not take its command", e))?;
         Ok(Booted {
             reader: Box::new(stdout),
             writer: Box::new(stdin),
             process: Box::new(BwrapProcess {
                 process: ChildProcess::new(child),
-                sandbox_id: spec.sandbox_id.clone(),
+                group,
             }),
         })
     }
@@ -121,8 +141,12 @@ impl Backend for BwrapBackend {
     }
 
     fn release_layer(&self, layer_dir: &Path) {
-        if let Some(id) = layer_dir.file_name().and_then(|n| n.to_str()) {
-            cgroup::remove(id);
+        // Layers made before launchers named their group after the sandbox id.
+        let group = std::fs::read_to_string(layer_dir.join(GROUP_FILE))
+            .ok()
+            .or_else(|| Some(layer_dir.file_name()?.to_str()?.to_string()));
+        if let Some(group) = group.filter(|g| !g.is_empty() && !g.contains('/')) {
+            cgroup::remove(&group);
         }
     }
 }
@@ -170,7 +194,7 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
 /// bwrap, plus the sandbox's cgroups to remove once it is gone.
 struct BwrapProcess {
     process: ChildProcess,
-    sandbox_id: String,
+    group: String,
 }
 
 #[async_trait]
@@ -187,8 +211,8 @@ impl SandboxProcess for BwrapProcess {
         // Killing bwrap kills PID 1 of the sandbox's namespace, and with it every process.
         self.process.kill().await;
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
-        let id = self.sandbox_id.clone();
-        let _ = tokio::task::spawn_blocking(move || cgroup::remove(&id)).await;
+        let group = self.group.clone();
+        let _ = tokio::task::spawn_blocking(move || cgroup::remove(&group)).await;
     }
 }
 

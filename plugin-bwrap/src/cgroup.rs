@@ -1,95 +1,132 @@
 //! cpus and memory limits through cgroups, as far as the host allows: cgroup v2 (`cpu.max`,
-//! `memory.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`) under a
-//! `sandbox-libkrun/<id>` group. Where no writable hierarchy exists the sandbox runs without
-//! limits, and `adapter::info` says so.
+//! `memory.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`) under
+//! `sandbox-libkrun/<group>`. Where no writable hierarchy exists the sandbox runs without
+//! limits, and a debug log says so.
+//!
+//! Groups are made for a launcher before its sandbox is known (see `launch.rs`), so they are
+//! named `launcher-<uuid>`; each sandbox's layer records the name of the group it got.
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const ROOT: &str = "/sys/fs/cgroup";
 const GROUP: &str = "sandbox-libkrun";
+const LAUNCHER_PREFIX: &str = "launcher-";
 const CPU_PERIOD_US: u64 = 100_000;
 
-/// The cgroups made for one sandbox.
-pub struct Limits {
+/// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox.
+pub struct Group {
+    name: String,
     dirs: Vec<PathBuf>,
 }
 
-impl Limits {
-    /// Creates the sandbox's groups and writes its limits; returns the `cgroup.procs` files the
-    /// child joins. Failures only cost the limits, never the sandbox.
-    pub fn create(sandbox_id: &str, cpus: u32, memory_mb: u32) -> Self {
-        let memory = u64::from(memory_mb) * 1024 * 1024;
-        let quota = u64::from(cpus) * CPU_PERIOD_US;
+impl Group {
+    /// Makes a fresh group in every writable hierarchy. Failures only cost the limits.
+    pub fn create() -> Self {
+        let name = format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4());
         let mut dirs = Vec::new();
         if is_v2() {
-            let dir = Path::new(ROOT).join(GROUP).join(sandbox_id);
             let _ = fs::write(
                 Path::new(ROOT).join("cgroup.subtree_control"),
                 "+cpu +memory",
             );
+            let dir = Path::new(ROOT).join(GROUP).join(&name);
             let _ = fs::create_dir_all(&dir);
             let _ = fs::write(
                 Path::new(ROOT).join(GROUP).join("cgroup.subtree_control"),
                 "+cpu +memory",
             );
-            let ok = fs::write(dir.join("memory.max"), memory.to_string()).is_ok()
-                & fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")).is_ok();
-            if ok {
+            if dir.is_dir() {
                 dirs.push(dir);
             }
         } else {
-            for (controller, file, value) in [
-                ("memory", "memory.limit_in_bytes", memory.to_string()),
-                ("cpu", "cpu.cfs_quota_us", quota.to_string()),
-            ] {
-                let dir = Path::new(ROOT)
-                    .join(controller)
-                    .join(GROUP)
-                    .join(sandbox_id);
-                if fs::create_dir_all(&dir).is_ok() && fs::write(dir.join(file), value).is_ok() {
+            for controller in ["memory", "cpu"] {
+                let dir = Path::new(ROOT).join(controller).join(GROUP).join(&name);
+                if fs::create_dir_all(&dir).is_ok() {
                     dirs.push(dir);
                 }
             }
         }
-        Self { dirs }
+        Self { name, dirs }
     }
 
-    pub fn procs_files(&self) -> Vec<CString> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The `cgroup.procs` files a process writes to join the group.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
-            .filter_map(|dir| CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok())
+            .map(|dir| dir.join("cgroup.procs"))
             .collect()
     }
 
-    pub fn is_enforced(&self) -> bool {
-        !self.dirs.is_empty()
+    /// Writes the sandbox's limits; true when both are enforced.
+    pub fn set_limits(&self, cpus: u32, memory_mb: u32) -> bool {
+        let memory = (u64::from(memory_mb) * 1024 * 1024).to_string();
+        let quota = u64::from(cpus) * CPU_PERIOD_US;
+        let mut memory_set = false;
+        let mut cpu_set = false;
+        for dir in &self.dirs {
+            let write = |file: &str, value: &str| fs::write(dir.join(file), value).is_ok();
+            if is_v2() {
+                memory_set = write("memory.max", &memory);
+                cpu_set = write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
+            } else if dir.starts_with(Path::new(ROOT).join("memory")) {
+                memory_set = write("memory.limit_in_bytes", &memory);
+            } else {
+                cpu_set = write("cpu.cfs_quota_us", &quota.to_string());
+            }
+        }
+        memory_set && cpu_set
     }
 }
 
 /// How long `remove` waits for a group's last processes to finish exiting.
 const EMPTY_WAIT: Duration = Duration::from_secs(2);
 
-/// Removes the groups of a sandbox whose processes are gone or dying (also for leftovers of
+/// Removes the groups named `name` whose processes are gone or dying (also for leftovers of
 /// an earlier run). Blocks up to [`EMPTY_WAIT`]: right after bwrap is killed, the sandbox's
 /// PID 1 and its children are still exiting and the kernel refuses the rmdir with EBUSY, which
 /// used to leave one empty group behind per unlucky stop.
-pub fn remove(sandbox_id: &str) {
-    for parent in [
-        Path::new(ROOT).join(GROUP),
-        Path::new(ROOT).join("memory").join(GROUP),
-        Path::new(ROOT).join("cpu").join(GROUP),
-    ] {
-        remove_when_empty(&parent.join(sandbox_id));
+pub fn remove(name: &str) {
+    for parent in hierarchies() {
+        remove_when_empty(&parent.join(name), EMPTY_WAIT);
     }
 }
 
-fn remove_when_empty(dir: &Path) {
-    let deadline = Instant::now() + EMPTY_WAIT;
+/// Removes the empty groups of launchers that never got a sandbox (an adapter killed with
+/// one waiting). A group still in use, by a launcher of another adapter, stays.
+pub fn sweep_unused_launcher_groups() {
+    for parent in hierarchies() {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(LAUNCHER_PREFIX)
+            {
+                let _ = fs::remove_dir(entry.path());
+            }
+        }
+    }
+}
+
+fn hierarchies() -> [PathBuf; 3] {
+    [
+        Path::new(ROOT).join(GROUP),
+        Path::new(ROOT).join("memory").join(GROUP),
+        Path::new(ROOT).join("cpu").join(GROUP),
+    ]
+}
+
+fn remove_when_empty(dir: &Path, wait: Duration) {
+    let deadline = Instant::now() + wait;
     loop {
         match fs::remove_dir(dir) {
             Ok(()) => return,

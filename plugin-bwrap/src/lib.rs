@@ -9,7 +9,8 @@
 
 mod backend;
 mod cgroup;
-mod mount;
+pub mod launch;
+mod pool;
 
 use std::sync::Arc;
 

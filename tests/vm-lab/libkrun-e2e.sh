@@ -29,7 +29,8 @@ profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
 for f in "$test_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
-  "$profile/libplugin_bwrap.so" "$profile/sandbox-libkrun-vm" "$agent"; do
+  "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
+  "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
 done
 
@@ -40,7 +41,7 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
 cp "$test_bin" "$scratch/debug/deps/"
 cp "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" "$profile/libplugin_bwrap.so" \
-  "$profile/sandbox-libkrun-vm" "$scratch/debug/"
+  "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" "$scratch/debug/"
 cp "$agent" "$scratch/sandbox-agent"
 # Fixture layouts are built here (emulated, the build takes minutes); the lab only pushes.
 host_fixtures=${FIXTURE_CACHE:-${TMPDIR:-/tmp}/sandbox-libkrun-fixtures}

@@ -5,7 +5,8 @@ mod sandbox_support;
 
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{
-    cgroups_of, create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh, stop,
+    cgroup_name, cgroups_named, create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh,
+    stop,
 };
 use serde_json::json;
 
@@ -41,14 +42,20 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     );
     assert_eq!(code, "S400", "{body}");
 
-    let enforced = !cgroups_of(&ids[0]).is_empty();
-    if !enforced {
-        println!("*** no writable cgroup hierarchy here: cgroup cleanup NOT checked ***");
+    let mut groups: Vec<String> = ids.iter().map(|id| cgroup_name(&stack, id)).collect();
+    let enforced = !cgroups_named(&groups[0]).is_empty();
+    if enforced {
+        limits_are_in_force(&groups[0]);
+    } else {
+        println!(
+            "*** no writable cgroup hierarchy here: cgroup limits and cleanup NOT checked ***"
+        );
     }
 
     // A stop frees the slot for the next create.
     stop(&stack, &ids[0], true).await;
     let again = create(&stack, "python", json!({})).await;
+    groups.push(cgroup_name(&stack, &again));
     let (code, _) = expect_err(
         stack.call("create", json!({"image": "python"})).await,
         "create at the cap again",
@@ -68,15 +75,42 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     assert_eq!(list["in_flight"], 0, "{list}");
     assert_eq!(list["remaining"], 32, "{list}");
     assert_eq!(layers_on_disk(&stack), 0, "no layer left on disk");
-    let groups: Vec<_> = ids
-        .iter()
-        .chain([&again])
-        .flat_map(|id| cgroups_of(id))
-        .collect();
+    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
     assert!(
-        groups.is_empty(),
-        "cgroups left after stop {{wait}}: {groups:?}"
+        left.is_empty(),
+        "cgroups left after stop {{wait}}: {left:?}"
     );
+}
+
+/// The defaults (1 cpu, 512 MiB) are written to the sandbox's group, and the sandbox's
+/// processes (bwrap and the agent under it) are in the group, not only next to it.
+fn limits_are_in_force(group: &str) {
+    let mut members = 0;
+    for dir in cgroups_named(group) {
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        if let Some(memory) = read("memory.max").or_else(|| read("memory.limit_in_bytes")) {
+            assert_eq!(
+                memory.trim(),
+                (512u64 << 20).to_string(),
+                "{}",
+                dir.display()
+            );
+        }
+        if let Some(cpu) = read("cpu.max") {
+            assert_eq!(cpu.trim(), "100000 100000", "{}", dir.display());
+        }
+        if let Some(quota) = read("cpu.cfs_quota_us") {
+            assert_eq!(quota.trim(), "100000", "{}", dir.display());
+        }
+        let procs = read("cgroup.procs").unwrap_or_default();
+        assert!(
+            procs.lines().count() >= 2,
+            "bwrap and the agent are in {}: {procs:?}",
+            dir.display()
+        );
+        members += 1;
+    }
+    assert!(members > 0, "group {group} has no hierarchy");
 }
 
 #[tokio::test(flavor = "multi_thread")]

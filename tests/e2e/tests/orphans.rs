@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack, PREFIX};
 use sandbox_support::{
-    cgroups_of, create, descendants, eventually, exec, layers_on_disk, sh, HostProcess,
+    cgroup_name, cgroups_named, create, descendants, eventually, exec, layers_on_disk, sh,
+    HostProcess,
 };
 use serde_json::json;
 
@@ -27,6 +28,7 @@ async fn kill_9_leaves_no_sandbox_process_and_restart_reconciles_three() {
         create(&stack, "node", json!({})).await,
     ];
     assert_eq!(layers_on_disk(&stack), 3);
+    let groups: Vec<String> = ids.iter().map(|id| cgroup_name(&stack, id)).collect();
     let adapter_pid = stack.adapter.pid();
 
     // One sandbox runs a program; record the whole tree under the adapter once it is there.
@@ -94,8 +96,8 @@ async fn kill_9_leaves_no_sandbox_process_and_restart_reconciles_three() {
         0,
         "leftover layers were removed at start-up"
     );
-    let groups: Vec<_> = ids.iter().flat_map(|id| cgroups_of(id)).collect();
-    assert!(groups.is_empty(), "leftover cgroups: {groups:?}");
+    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
+    assert!(left.is_empty(), "leftover cgroups: {left:?}");
     for id in &ids {
         let (code, _) = sandbox_support::expect_err(
             exec(&stack, id, sh("true")).await,
@@ -127,6 +129,7 @@ async fn sigterm_stops_every_sandbox_before_exiting() {
         create(&stack, "node", json!({})).await,
     ];
     assert_eq!(layers_on_disk(&stack), 2);
+    let groups: Vec<String> = ids.iter().map(|id| cgroup_name(&stack, id)).collect();
     let recorded = descendants(stack.adapter.pid());
     assert_eq!(
         recorded.iter().filter(|p| p.comm == AGENT_COMM).count(),
@@ -145,11 +148,6 @@ async fn sigterm_stops_every_sandbox_before_exiting() {
         "still alive after exit: {survivors:?}"
     );
     assert_eq!(layers_on_disk(&stack), 0, "layers removed before exit");
-    for id in &ids {
-        assert!(
-            cgroups_of(id).is_empty(),
-            "cgroups of {id} left: {:?}",
-            cgroups_of(id)
-        );
-    }
+    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
+    assert!(left.is_empty(), "cgroups left: {left:?}");
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{
-    cgroups_of, create, eventually, exec, exec_ok, expect_err, live_ids, sh, stop,
+    cgroup_name, cgroups_named, create, eventually, exec, exec_ok, expect_err, live_ids, sh, stop,
 };
 use serde_json::json;
 
@@ -26,6 +26,7 @@ async fn idle_sandboxes_are_reaped_after_their_own_or_the_default_timeout() {
     let kept = create(&stack, "python", json!({"idle_timeout_secs": 600})).await;
     let layer = |id: &str| stack.state_dir.path().join("sandboxes").join(id);
     assert!(layer(&own).is_dir() && layer(&default).is_dir());
+    let groups = [cgroup_name(&stack, &own), cgroup_name(&stack, &default)];
 
     let reaped = eventually(REAP_WITHIN, || async {
         let live = live_ids(&stack).await;
@@ -48,10 +49,10 @@ async fn idle_sandboxes_are_reaped_after_their_own_or_the_default_timeout() {
     })
     .await;
     assert!(cleaned, "reaped sandboxes left their layers");
-    let groups = [cgroups_of(&own), cgroups_of(&default)].concat();
+    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
     assert!(
-        groups.is_empty(),
-        "reaped sandboxes left their cgroups: {groups:?}"
+        left.is_empty(),
+        "reaped sandboxes left their cgroups: {left:?}"
     );
     let list = stack.call("list", json!({})).await.expect("list");
     assert_eq!(list["in_flight"], 1, "{list}");

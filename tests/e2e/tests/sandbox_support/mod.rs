@@ -163,13 +163,26 @@ pub fn descendants(root: u32) -> Vec<HostProcess> {
     found
 }
 
-/// The bwrap backend's cgroups of sandbox `id` still present on the host (v2 layout, or the
-/// v1 `memory` and `cpu` hierarchies): empty once the sandbox is fully gone.
-pub fn cgroups_of(id: &str) -> Vec<std::path::PathBuf> {
+/// The name of the cgroup the bwrap backend gave sandbox `id`, as its layer records it while
+/// the sandbox lives (groups are made ahead of the create, so they are not named after it).
+pub fn cgroup_name(stack: &Stack, id: &str) -> String {
+    let file = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id)
+        .join("cgroup");
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{} names no cgroup: {e}", file.display()))
+}
+
+/// The bwrap backend's groups named `name` still present on the host (v2 layout, or the v1
+/// `memory` and `cpu` hierarchies): empty once the sandbox is fully gone.
+pub fn cgroups_named(name: &str) -> Vec<std::path::PathBuf> {
     let root = std::path::Path::new("/sys/fs/cgroup");
     [root.to_path_buf(), root.join("memory"), root.join("cpu")]
         .into_iter()
-        .map(|hierarchy| hierarchy.join("sandbox-libkrun").join(id))
+        .map(|hierarchy| hierarchy.join("sandbox-libkrun").join(name))
         .filter(|dir| dir.is_dir())
         .collect()
 }

@@ -1,0 +1,143 @@
+//! What the adapter tells a waiting `sandbox-bwrap-launch` process: the one message of the
+//! launcher protocol, sent on the launcher's stdin before the agent protocol starts there.
+//!
+//! Why a launcher at all: joining a cgroup costs an RCU grace period in the kernel (~8 ms
+//! measured here, most of a sandbox's create time). A launcher is started ahead of the
+//! create, joins a fresh cgroup and unshares its mount namespace while nothing waits for it;
+//! the create then only sends this message, and the launcher mounts the sandbox's overlay
+//! root and becomes bwrap.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bound of one message: paths and bwrap's arguments, never file contents.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+
+/// Everything the launcher needs once the sandbox is known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchCommand {
+    /// Overlay directories: the image's read-only root, the sandbox's upper and work dirs,
+    /// and where the merged root is mounted (in the launcher's private mount namespace).
+    pub lower: String,
+    pub upper: String,
+    pub work: String,
+    pub merged: String,
+    /// The sandbox's log: the launcher's and bwrap's stderr from here on.
+    pub log: String,
+    /// bwrap's path and arguments; it runs with an empty environment.
+    pub bwrap: String,
+    pub args: Vec<String>,
+}
+
+impl LaunchCommand {
+    /// The message on the wire: a 4-byte big-endian length, then the JSON.
+    pub fn encode(&self) -> io::Result<Vec<u8>> {
+        let json = serde_json::to_vec(self).map_err(io::Error::other)?;
+        if json.len() > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "launch command of {} bytes is over {MAX_MESSAGE}",
+                    json.len()
+                ),
+            ));
+        }
+        let mut message = (json.len() as u32).to_be_bytes().to_vec();
+        message.extend_from_slice(&json);
+        Ok(message)
+    }
+
+    /// Reads exactly one message and nothing past it: what follows on the stream belongs to
+    /// the agent, so `input` must not be a buffered reader.
+    pub fn read_from(mut input: impl Read) -> io::Result<LaunchCommand> {
+        let mut length = [0u8; 4];
+        input.read_exact(&mut length)?;
+        let length = u32::from_be_bytes(length) as usize;
+        if length > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("launch command of {length} bytes is over {MAX_MESSAGE}"),
+            ));
+        }
+        let mut json = vec![0u8; length];
+        input.read_exact(&mut json)?;
+        serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// `lowerdir=..,upperdir=..,workdir=..`, refusing what overlayfs options cannot carry.
+    pub fn overlay_options(&self) -> io::Result<String> {
+        for dir in [&self.lower, &self.upper, &self.work] {
+            if dir.contains([',', ':', '\\', '\0']) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{dir} holds a character overlayfs options cannot carry (',', ':', '\\' or NUL)"),
+                ));
+            }
+        }
+        Ok(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            self.lower, self.upper, self.work
+        ))
+    }
+}
+
+/// Writes one message (the adapter's side).
+pub fn write_command(mut output: impl Write, command: &LaunchCommand) -> io::Result<()> {
+    output.write_all(&command.encode()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command() -> LaunchCommand {
+        LaunchCommand {
+            lower: "/cache/root".into(),
+            upper: "/state/s/upper".into(),
+            work: "/state/s/work".into(),
+            merged: "/state/s/merged".into(),
+            log: "/state/s/sandbox.log".into(),
+            bwrap: "/usr/bin/bwrap".into(),
+            args: vec!["--unshare-all".into(), "a b \"c\"".into()],
+        }
+    }
+
+    #[test]
+    fn a_message_is_read_back_and_nothing_past_it() {
+        let mut stream = Vec::new();
+        write_command(&mut stream, &command()).unwrap();
+        stream.extend_from_slice(b"agent bytes");
+        let mut input = io::Cursor::new(stream);
+        assert_eq!(LaunchCommand::read_from(&mut input).unwrap(), command());
+        let mut rest = String::new();
+        input.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "agent bytes");
+    }
+
+    #[test]
+    fn oversized_truncated_and_garbled_messages_are_errors() {
+        let huge = (MAX_MESSAGE as u32 + 1).to_be_bytes();
+        assert!(LaunchCommand::read_from(&huge[..]).is_err());
+        let mut cut = command().encode().unwrap();
+        cut.truncate(cut.len() - 3);
+        assert!(LaunchCommand::read_from(&cut[..]).is_err());
+        let mut garbled = 5u32.to_be_bytes().to_vec();
+        garbled.extend_from_slice(b"{nope");
+        assert!(LaunchCommand::read_from(&garbled[..]).is_err());
+        assert!(LaunchCommand::read_from(&[0u8, 0][..]).is_err());
+    }
+
+    #[test]
+    fn overlay_options_refuse_separators() {
+        assert_eq!(
+            command().overlay_options().unwrap(),
+            "lowerdir=/cache/root,upperdir=/state/s/upper,workdir=/state/s/work"
+        );
+        for bad in ["/a,b", "/a:b", "/a\\b"] {
+            let mut c = command();
+            c.upper = bad.into();
+            assert!(c.overlay_options().is_err(), "{bad}");
+        }
+    }
+}

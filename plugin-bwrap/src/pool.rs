@@ -1,0 +1,124 @@
+//! One `sandbox-bwrap-launch` kept waiting, so that a create finds its cgroup joined and its
+//! mount namespace made (see `launch.rs` for why that matters). Taking it starts the next one
+//! in the background; when creates come faster than that (parallel creates), the extra ones
+//! start their own launcher on the spot, which costs what a create cost before the pool.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::process::{Child, Command};
+
+use crate::cgroup::{self, Group};
+
+/// A started launcher waiting for its command on stdin, and its (empty) cgroup.
+pub struct Launcher {
+    pub child: Child,
+    pub group: Group,
+}
+
+pub struct LauncherPool {
+    program: PathBuf,
+    waiting: Mutex<Option<Launcher>>,
+    refilling: AtomicBool,
+}
+
+impl LauncherPool {
+    pub fn new(program: PathBuf) -> Self {
+        Self {
+            program,
+            waiting: Mutex::new(None),
+            refilling: AtomicBool::new(false),
+        }
+    }
+
+    /// The waiting launcher if it is still alive, else a new one; starts the next in the
+    /// background. Must run on a tokio worker thread: bwrap's `--die-with-parent` ties every
+    /// sandbox to the thread that forked its launcher, and worker threads live as long as the
+    /// runtime (blocking-pool threads do not).
+    pub fn take(self: &Arc<Self>) -> io::Result<Launcher> {
+        let waiting = self.slot().take();
+        let launcher = match waiting {
+            Some(mut launcher) => {
+                if matches!(launcher.child.try_wait(), Ok(None)) {
+                    launcher
+                } else {
+                    discard(launcher);
+                    self.start()?
+                }
+            }
+            None => self.start()?,
+        };
+        self.refill();
+        Ok(launcher)
+    }
+
+    fn start(&self) -> io::Result<Launcher> {
+        let group = Group::create();
+        let mut command = Command::new(&self.program);
+        command.arg("--parent").arg(std::process::id().to_string());
+        for procs in group.procs_files() {
+            command.arg("--cgroup-procs").arg(procs);
+        }
+        let child = command
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        match child {
+            Ok(child) => Ok(Launcher { child, group }),
+            Err(e) => {
+                cgroup::remove(group.name());
+                Err(e)
+            }
+        }
+    }
+
+    fn refill(self: &Arc<Self>) {
+        if self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = Arc::clone(self);
+        tokio::spawn(async move {
+            match pool.start() {
+                Ok(launcher) => {
+                    if let Some(extra) = pool.slot().replace(launcher) {
+                        discard(extra);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot start a bwrap launcher ahead of time"),
+            }
+            pool.refilling.store(false, Ordering::Release);
+        });
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Launcher>> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for LauncherPool {
+    fn drop(&mut self) {
+        if let Some(launcher) = self.slot().take() {
+            discard(launcher);
+        }
+    }
+}
+
+/// Ends an unused launcher (it exits when its stdin closes) and removes its group; a group
+/// still busy with the exiting process is left to the next start's sweep.
+fn discard(launcher: Launcher) {
+    let Launcher { child, group } = launcher;
+    drop(child);
+    for procs in group.procs_files() {
+        if let Some(dir) = procs.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
