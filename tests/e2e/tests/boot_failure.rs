@@ -49,3 +49,38 @@ async fn an_agent_that_never_answers_is_s300_with_the_sandbox_log_tail() {
         .count();
     assert_eq!(layers, 0, "the failed sandbox's layer is removed");
 }
+
+/// Without its launcher the bwrap plugin says so up front (`adapter::info`) and on create
+/// (S300 naming the launcher and how to point at it), and keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_launcher_is_reported_by_info_and_create() {
+    if !bwrap_usable("a_missing_launcher_is_reported_by_info_and_create") {
+        return;
+    }
+    let nowhere = tempfile::tempdir().expect("tempdir");
+    let missing = nowhere.path().join("sandbox-bwrap-launch");
+    let options = AdapterOptions {
+        env: vec![("SANDBOX_BWRAP_LAUNCH".into(), missing.display().to_string())],
+        ..AdapterOptions::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    assert_eq!(info["backend"]["ready"], false, "{info}");
+    let reason = info["backend"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("sandbox-bwrap-launch") && reason.contains("SANDBOX_BWRAP_LAUNCH"),
+        "{info}"
+    );
+    let error = stack
+        .call("create", json!({"image": "python"}))
+        .await
+        .unwrap_err();
+    assert_eq!(s_code(&error), "S300", "{error:?}");
+    let message = error_body(&error)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("sandbox-bwrap-launch"), "{message}");
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["in_flight"], 0, "{list}");
+}
