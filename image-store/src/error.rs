@@ -40,8 +40,12 @@ impl ImageError {
         }
     }
 
-    /// Whether trying again later may succeed (only pull failures are).
+    /// Whether trying again later may succeed (pull failures, except an image over the limits).
     pub fn retryable(&self) -> bool {
-        matches!(self, ImageError::Pull { .. } | ImageError::Cache { .. })
+        match self {
+            ImageError::Pull { source, .. } => !source.is_too_large(),
+            ImageError::Cache { .. } => true,
+            _ => false,
+        }
     }
 }

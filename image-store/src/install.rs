@@ -115,7 +115,14 @@ impl ImageStore {
             .iter()
             .map(|d| Digest::parse(d))
             .collect::<Result<Vec<_>, _>>()?;
-        let total: u64 = blobs.iter().map(|b| b.1).sum();
+        let total = blobs.iter().fold(0u64, |sum, b| sum.saturating_add(b.1));
+        let limit = self.inner.settings.limit;
+        if total > limit.bytes {
+            return Err(PullError::TooLarge {
+                bytes: total,
+                limit: limit.bytes,
+            });
+        }
         let cached: u64 = blobs
             .iter()
             .filter(|(d, s)| cache.has_blob(d, *s))
@@ -138,7 +145,7 @@ impl ImageStore {
 
         let guard = TmpPath(cache.new_tmp_root(&r.manifest_digest));
         let tmp_root = guard.0.clone();
-        self.unpack_all(&tmp_root, &blobs, &diff_ids, progress)
+        self.unpack_all(&tmp_root, &blobs, &diff_ids, limit, progress)
             .await
             .and_then(|()| {
                 let rec = RootRecord {
@@ -162,6 +169,7 @@ impl ImageStore {
         tmp_root: &Path,
         blobs: &[(Digest, u64)],
         diff_ids: &[Digest],
+        mut budget: unpack::Budget,
         progress: &dyn PullProgress,
     ) -> Result<(), PullError> {
         let rootfs = tmp_root.join("rootfs");
@@ -174,18 +182,22 @@ impl ImageStore {
                 self.inner.cache.blob_path(blob),
                 diff_id.clone(),
             );
-            let stats =
-                tokio::task::spawn_blocking(move || unpack::apply_layer_file(&root, &path, &diff))
-                    .await
-                    .map_err(|e| PullError::Task(e.to_string()))?;
+            let stats = tokio::task::spawn_blocking(move || {
+                unpack::apply_layer_file(&root, &path, &diff, budget)
+            })
+            .await
+            .map_err(|e| PullError::Task(e.to_string()))?;
             match stats {
-                Ok(s) => tracing::debug!(
-                    index,
-                    entries = s.entries,
-                    bytes = s.uncompressed_bytes,
-                    ms = t0.elapsed().as_millis() as u64,
-                    "layer applied"
-                ),
+                Ok(s) => {
+                    budget.spend(&s);
+                    tracing::debug!(
+                        index,
+                        entries = s.entries,
+                        bytes = s.uncompressed_bytes,
+                        ms = t0.elapsed().as_millis() as u64,
+                        "layer applied"
+                    )
+                }
                 Err(source) => {
                     // A blob that does not match its diff_id is bad: drop it so a retry refetches.
                     if matches!(

@@ -68,6 +68,22 @@ pub enum PullError {
     AuthFile(#[from] AuthFileError),
     #[error("background task failed: {0}")]
     Task(String),
+    #[error("the image's layers weigh {bytes} bytes compressed, over the limit of {limit} bytes (`max_image_size_mb`)")]
+    TooLarge { bytes: u64, limit: u64 },
+}
+
+impl PullError {
+    /// Whether the image itself is over the configured limits (pulling again cannot help).
+    pub fn is_too_large(&self) -> bool {
+        matches!(
+            self,
+            PullError::TooLarge { .. }
+                | PullError::Unpack {
+                    source: UnpackError::TooLarge { .. },
+                    ..
+                }
+        )
+    }
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PullError + '_ {

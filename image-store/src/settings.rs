@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::unpack::Budget;
+
 /// Preset catalog names and the OCI references they resolve to.
 pub const PRESETS: &[(&str, &str)] = &[
     ("python", "docker.io/library/python:3.12-slim"),
@@ -26,6 +28,9 @@ pub struct ImageSettings {
     pub cache_dir: PathBuf,
     /// `registry_auth_file`: Docker `config.json` with `auths`; default see [`default_docker_config`].
     pub docker_config: Option<PathBuf>,
+    /// What one image may weigh: its layers' compressed total and what they expand to
+    /// (`max_image_size_mb`), and its tar entries.
+    pub limit: Budget,
 }
 
 /// `$HOME/.iii/cache` (or `./.iii/cache` when HOME is unset).

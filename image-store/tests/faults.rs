@@ -237,3 +237,58 @@ async fn bearer_token_challenge_with_good_and_bad_credentials() {
         );
     }
 }
+
+/// An image over the size limit (a decompression bomb: 32 MiB of zeros, ~32 KiB gzipped) is
+/// S102, not retryable, names the limit and its key, installs nothing; an image whose layers
+/// alone weigh more than the limit is refused before any download. The same image pulls
+/// under the default limit.
+#[tokio::test]
+async fn an_image_over_the_size_limit_is_refused() {
+    let reg = FakeRegistry::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let bomb = image(
+        &[
+            Tar::default().file("etc/marker", b"bomb").finish(),
+            Tar::default().file("zeros", &vec![0u8; 32 << 20]).finish(),
+        ],
+        None,
+    );
+    reg.put("t/img", "1", &bomb);
+    let limited = |bytes: u64| {
+        let mut s = settings(cache.path(), &reg.addr, &[("img", "t/img:1")]);
+        s.limit.bytes = bytes;
+        ImageStore::new(s).unwrap()
+    };
+
+    for (limit, want) in [(4 << 20, "uncompressed bytes"), (1024, "compressed")] {
+        let err = limited(limit)
+            .ensure("img")
+            .await
+            .expect_err("over the limit");
+        let msg = format!(
+            "{err} / {:?}",
+            std::error::Error::source(&err).map(|s| s.to_string())
+        );
+        assert_eq!(err.code(), "S102", "{msg}");
+        assert!(!err.retryable(), "pulling again cannot help: {msg}");
+        assert!(
+            msg.contains(want) && msg.contains("max_image_size_mb"),
+            "{msg}"
+        );
+        assert_cache_consistent(cache.path());
+        assert!(!limited(limit)
+            .catalog()
+            .iter()
+            .any(|e| e.name == "img" && e.installed));
+    }
+
+    let p = limited(image_store::unpack::Budget::default().bytes)
+        .ensure("img")
+        .await
+        .expect("the default limit takes it");
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"bomb");
+    assert_eq!(
+        std::fs::metadata(p.rootfs.join("zeros")).unwrap().len(),
+        32 << 20
+    );
+}

@@ -24,6 +24,7 @@ pub fn settings(config: &Config) -> ImageSettings {
                 .clone()
                 .unwrap_or_else(image_store::default_docker_config),
         ),
+        limit: Default::default(),
     }
 }
 

@@ -49,6 +49,42 @@ pub enum UnpackError {
     },
     #[error("layer content digest {actual} does not match the image config's diff_id {expected}")]
     DiffId { expected: String, actual: String },
+    #[error("the image expands past its limit of {limit} {what} (a decompression or inode bomb, or an image too large for `max_image_size_mb`)")]
+    TooLarge { what: &'static str, limit: u64 },
+}
+
+/// What one image may still expand to on disk, shared by its layers: the guard against
+/// decompression bombs (a few KiB of gzip inflating to terabytes) and inode bombs (millions
+/// of empty files), which would otherwise fill the cache's disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Uncompressed tar bytes.
+    pub bytes: u64,
+    /// Tar entries.
+    pub entries: u64,
+}
+
+impl Default for Budget {
+    /// 16 GiB and 4 million entries: several times the largest common base images.
+    fn default() -> Self {
+        Budget {
+            bytes: 16 << 30,
+            entries: 4_000_000,
+        }
+    }
+}
+
+impl Budget {
+    pub const UNLIMITED: Budget = Budget {
+        bytes: u64::MAX,
+        entries: u64::MAX,
+    };
+
+    /// What is left after `layer` was applied.
+    pub fn spend(&mut self, layer: &LayerStats) {
+        self.bytes = self.bytes.saturating_sub(layer.uncompressed_bytes);
+        self.entries = self.entries.saturating_sub(layer.entries);
+    }
 }
 
 /// Counts of one applied layer.
@@ -60,34 +96,64 @@ pub struct LayerStats {
     pub uncompressed_bytes: u64,
 }
 
-/// Applies one layer blob (compressed or not) onto `root`, then checks its diff_id.
-/// On error the root is left half-written: callers unpack into a temporary root and drop it.
+/// Applies one layer blob (compressed or not) onto `root` within `budget`, then checks its
+/// diff_id. On error the root is left half-written: callers unpack into a temporary root and
+/// drop it.
 pub fn apply_layer_file(
     root: &Path,
     blob: &Path,
     diff_id: &Digest,
+    budget: Budget,
 ) -> Result<LayerStats, UnpackError> {
     let file = File::open(blob).map_err(UnpackError::Read)?;
-    apply_layer(root, BufReader::with_capacity(256 * 1024, file), diff_id)
+    apply_layer_within(
+        root,
+        BufReader::with_capacity(256 * 1024, file),
+        diff_id,
+        budget,
+    )
 }
 
-/// As [`apply_layer_file`], from any buffered reader (used by tests and the fuzz target).
+/// As [`apply_layer_file`], from any buffered reader, without limits (tests, fuzzing).
 pub fn apply_layer<R: io::Read + Send + 'static>(
     root: &Path,
     input: BufReader<R>,
     diff_id: &Digest,
 ) -> Result<LayerStats, UnpackError> {
-    let mut pipe = pipe::Pipe::start(input).map_err(UnpackError::Read)?;
-    let applied = apply_entries(root, &mut pipe);
+    apply_layer_within(root, input, diff_id, Budget::UNLIMITED)
+}
+
+/// As [`apply_layer_file`], from any buffered reader.
+pub fn apply_layer_within<R: io::Read + Send + 'static>(
+    root: &Path,
+    input: BufReader<R>,
+    diff_id: &Digest,
+    budget: Budget,
+) -> Result<LayerStats, UnpackError> {
+    let too_many_bytes = || UnpackError::TooLarge {
+        what: "uncompressed bytes",
+        limit: budget.bytes,
+    };
+    let mut pipe = pipe::Pipe::start(input, budget.bytes).map_err(UnpackError::Read)?;
+    let applied = apply_entries(root, &mut pipe, budget.entries);
     let (entries, whiteouts) = match applied {
         Ok(counts) => counts,
         Err(e) => {
-            pipe.abandon();
-            return Err(e);
+            // The producer cutting the stream at the limit shows up here as a truncated tar.
+            return match pipe.abandon() {
+                Err(verdict) if pipe::is_over_limit(&verdict) => Err(too_many_bytes()),
+                _ => Err(e),
+            };
         }
     };
     // A broken stream is reported as such, even when tar saw a clean end before it.
-    let produced = pipe.finish().map_err(UnpackError::Read)?;
+    let produced = pipe.finish().map_err(|e| {
+        if pipe::is_over_limit(&e) {
+            too_many_bytes()
+        } else {
+            UnpackError::Read(e)
+        }
+    })?;
     if &produced.digest != diff_id {
         return Err(UnpackError::DiffId {
             expected: diff_id.to_string(),
@@ -103,7 +169,11 @@ pub fn apply_layer<R: io::Read + Send + 'static>(
 }
 
 /// Applies every tar entry; returns (entries, whiteouts).
-fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), UnpackError> {
+fn apply_entries(
+    root: &Path,
+    input: &mut dyn io::Read,
+    max_entries: u64,
+) -> Result<(u64, u64), UnpackError> {
     let mut archive = tar::Archive::new(input);
     let mut layer = Layer {
         root,
@@ -120,6 +190,12 @@ fn apply_entries(root: &Path, input: &mut dyn io::Read) -> Result<(u64, u64), Un
         for item in archive.entries().map_err(UnpackError::Read)? {
             let mut e = item.map_err(UnpackError::Read)?;
             entries += 1;
+            if entries > max_entries {
+                return Err(UnpackError::TooLarge {
+                    what: "entries",
+                    limit: max_entries,
+                });
+            }
             if layer.apply(&mut e)? {
                 whiteouts += 1;
             }

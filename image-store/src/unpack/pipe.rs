@@ -32,7 +32,12 @@ pub struct Pipe {
 }
 
 impl Pipe {
-    pub fn start<R: Read + Send + 'static>(input: BufReader<R>) -> io::Result<Pipe> {
+    /// Starts the producer; it gives up with an [`is_over_limit`] error once the stream
+    /// passes `max_bytes` uncompressed bytes.
+    pub fn start<R: Read + Send + 'static>(
+        input: BufReader<R>,
+        max_bytes: u64,
+    ) -> io::Result<Pipe> {
         let (tx, rx) = sync_channel::<Vec<u8>>(DEPTH);
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
@@ -55,6 +60,9 @@ impl Pipe {
                     }
                     buf.truncate(n);
                     hasher.update(&buf);
+                    if hasher.bytes() > max_bytes {
+                        return Err(io::Error::other(OverLimit));
+                    }
                     if listening && tx.send(buf).is_err() {
                         listening = false;
                     }
@@ -80,10 +88,11 @@ impl Pipe {
         self.join()
     }
 
-    /// Tells the producer to give up (the consumer failed) and waits for it.
-    pub fn abandon(mut self) {
+    /// Tells the producer to give up (the consumer failed) and returns its verdict: an
+    /// [`is_over_limit`] error when it cut the stream itself.
+    pub fn abandon(mut self) -> io::Result<Produced> {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.join();
+        self.join()
     }
 
     fn join(&mut self) -> io::Result<Produced> {
@@ -125,6 +134,23 @@ impl Read for Pipe {
         self.pos += n;
         Ok(n)
     }
+}
+
+/// The producer's reason for stopping at the byte limit.
+#[derive(Debug)]
+struct OverLimit;
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("layer expands past the image's byte limit")
+    }
+}
+
+impl std::error::Error for OverLimit {}
+
+/// Whether the producer stopped because the stream passed its byte limit.
+pub fn is_over_limit(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<OverLimit>())
 }
 
 /// Reads until `buf` is full or the input ends.

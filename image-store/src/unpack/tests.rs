@@ -225,6 +225,80 @@ fn diff_id_mismatch_and_truncation_are_errors() {
     );
 }
 
+/// A gzip layer of 64 MiB of zeros is ~64 KiB on the wire: the byte budget stops it while
+/// inflating, whatever the compressed size; the same layer within budget applies.
+#[test]
+fn a_decompression_bomb_stops_at_the_byte_budget() {
+    let (_t, root) = setup();
+    let zeros = vec![0u8; 64 << 20];
+    let tar = T::new().file("bomb", &zeros).done();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&tar).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(gz.len() < 1 << 20, "the bomb is small on the wire");
+    let budget = Budget {
+        bytes: 8 << 20,
+        entries: 10,
+    };
+    let layer = || BufReader::new(Cursor::new(gz.clone()));
+    let err = apply_layer_within(&root, layer(), &Digest::of(&tar), budget).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            UnpackError::TooLarge {
+                what: "uncompressed bytes",
+                limit
+            } if limit == 8 << 20
+        ),
+        "{err}"
+    );
+    let written = fs::metadata(root.join("bomb"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(written <= 8 << 20, "wrote {written} bytes past the budget");
+
+    let (_t2, root2) = setup();
+    let enough = Budget {
+        bytes: tar.len() as u64,
+        entries: 1,
+    };
+    let stats = apply_layer_within(&root2, layer(), &Digest::of(&tar), enough).unwrap();
+    let mut left = enough;
+    left.spend(&stats);
+    assert_eq!(
+        left,
+        Budget {
+            bytes: 0,
+            entries: 0
+        }
+    );
+}
+
+#[test]
+fn an_inode_bomb_stops_at_the_entry_budget() {
+    let (_t, root) = setup();
+    let tar = (0..100)
+        .fold(T::new(), |t, i| t.file(&format!("f{i}"), b""))
+        .done();
+    let budget = Budget {
+        bytes: u64::MAX,
+        entries: 50,
+    };
+    let layer = BufReader::new(Cursor::new(tar.clone()));
+    let err = apply_layer_within(&root, layer, &Digest::of(&tar), budget).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            UnpackError::TooLarge {
+                what: "entries",
+                limit: 50
+            }
+        ),
+        "{err}"
+    );
+    assert!(fs::read_dir(&root).unwrap().count() <= 50);
+}
+
 #[test]
 fn zstd_layer_applies_with_its_diff_id() {
     let (_t, root) = setup();

@@ -28,6 +28,7 @@ pub fn settings(cache: &Path, addr: &str, custom: &[(&str, &str)]) -> ImageSetti
         insecure_registries: vec![addr.to_string()],
         cache_dir: cache.to_path_buf(),
         docker_config: None,
+        limit: Default::default(),
     }
 }
 
