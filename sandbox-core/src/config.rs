@@ -45,6 +45,8 @@ pub struct Config {
     pub registry_auth_file: Option<PathBuf>,
     /// Where sandboxes keep their writable layers; default `~/.iii/sandbox`.
     pub state_dir: Option<PathBuf>,
+    /// What one image may weigh, compressed and unpacked (decompression-bomb guard).
+    pub max_image_size_mb: u64,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             image_cache_dir: None,
             registry_auth_file: None,
             state_dir: None,
+            max_image_size_mb: 16 * 1024,
         }
     }
 }
@@ -86,6 +89,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "image_cache_dir",
     "registry_auth_file",
     "state_dir",
+    "max_image_size_mb",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -156,6 +160,7 @@ impl Config {
         keys.read_optional("image_cache_dir", &mut config.image_cache_dir)?;
         keys.read_optional("registry_auth_file", &mut config.registry_auth_file)?;
         keys.read_optional("state_dir", &mut config.state_dir)?;
+        keys.read("max_image_size_mb", &mut config.max_image_size_mb)?;
 
         if let Some(name) = config
             .custom_images
@@ -178,6 +183,7 @@ impl Config {
             ("default_cpus", u64::from(config.default_cpus)),
             ("default_memory_mb", u64::from(config.default_memory_mb)),
             ("max_exec_timeout_ms", config.max_exec_timeout_ms),
+            ("max_image_size_mb", config.max_image_size_mb),
         ] {
             if value == 0 {
                 return Err(ConfigError::WrongType {

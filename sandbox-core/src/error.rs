@@ -20,6 +20,10 @@ pub enum SandboxError {
     ImageNotInstalled(String),
     #[error("{0}")]
     PullFailed(String),
+    /// Over `max_image_size_mb` (or a bomb): S102 like a failed pull, but pulling again
+    /// cannot help.
+    #[error("{0}")]
+    ImageTooLarge(String),
     #[error("exec timed out after {timeout_ms} ms")]
     ExecTimedOut { timeout_ms: u64, partial: Value },
     #[error("{message}")]
@@ -70,6 +74,7 @@ impl SandboxError {
             SandboxError::ImageNotAllowed(_) => ("S100", "image_not_allowed"),
             SandboxError::ImageNotInstalled(_) => ("S101", "image_not_installed"),
             SandboxError::PullFailed(_) => ("S102", "image_pull_failed"),
+            SandboxError::ImageTooLarge(_) => ("S102", "image_too_large"),
             SandboxError::ExecTimedOut { .. } => ("S200", "exec_timeout"),
             SandboxError::Fs { code, .. } => (code.s_code(), fs_kind(*code)),
             SandboxError::BootFailed(_) => ("S300", "vm_boot_failed"),
@@ -143,6 +148,7 @@ mod tests {
             (SandboxError::ImageNotAllowed("x".into()), "S100"),
             (SandboxError::ImageNotInstalled("x".into()), "S101"),
             (SandboxError::PullFailed("x".into()), "S102"),
+            (SandboxError::ImageTooLarge("x".into()), "S102"),
             (
                 SandboxError::ExecTimedOut {
                     timeout_ms: 1,
@@ -176,6 +182,7 @@ mod tests {
         .to_body();
         assert_eq!(body.output.unwrap()["stdout"], "a");
         assert!(SandboxError::PullFailed("x".into()).to_body().retryable);
+        assert!(!SandboxError::ImageTooLarge("x".into()).to_body().retryable);
         assert!(!SandboxError::InvalidRequest("x".into()).to_body().retryable);
     }
 

@@ -24,7 +24,10 @@ pub fn settings(config: &Config) -> ImageSettings {
                 .clone()
                 .unwrap_or_else(image_store::default_docker_config),
         ),
-        limit: Default::default(),
+        limit: image_store::unpack::Budget {
+            bytes: config.max_image_size_mb.saturating_mul(1 << 20),
+            ..Default::default()
+        },
     }
 }
 
@@ -33,6 +36,7 @@ pub fn error(error: ImageError) -> SandboxError {
     match error.code() {
         "S100" => SandboxError::ImageNotAllowed(message),
         "S101" => SandboxError::ImageNotInstalled(message),
+        _ if !error.retryable() => SandboxError::ImageTooLarge(message),
         _ => SandboxError::PullFailed(message),
     }
 }

@@ -95,6 +95,16 @@ fn cases() -> Vec<Case> {
             &["key `default_cpus`", "at least 1"],
         ),
         case(
+            "zero-image-size",
+            json!({"max_image_size_mb": 0}),
+            &["key `max_image_size_mb`", "at least 1"],
+        ),
+        case(
+            "negative-image-size",
+            json!({"max_image_size_mb": -5}),
+            &["key `max_image_size_mb`"],
+        ),
+        case(
             "memory-as-object",
             json!({"default_memory_mb": {}}),
             &["key `default_memory_mb`"],
@@ -368,4 +378,40 @@ async fn exec_cap_zero_means_one_and_the_timeout_ceiling_applies() {
         .await
         .expect_err("clamped to max_exec_timeout_ms");
     assert_eq!(s_code(&clamped), "S200", "{clamped:?}");
+}
+
+/// `max_image_size_mb` is in force: with a fresh cache and a 1 MiB limit the python image
+/// (tens of MiB) is refused before any download, S102 with `retryable: false`, and nothing is
+/// installed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_image_size_limit_is_in_force() {
+    if !bwrap_usable("the_image_size_limit_is_in_force") {
+        return;
+    }
+    let cache = tempfile::tempdir().expect("cache dir");
+    let stack = Stack::start(
+        json!({"max_image_size_mb": 1, "image_cache_dir": cache.path()}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let error = stack
+        .call("create", json!({"image": "python"}))
+        .await
+        .expect_err("over the limit");
+    assert_eq!(s_code(&error), "S102", "{error:?}");
+    let body = error_body(&error);
+    assert_eq!(body["retryable"], false, "{body}");
+    assert_eq!(body["type"], "image_too_large", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("max_image_size_mb"), "{message}");
+    let catalog = stack
+        .call("catalog::list", json!({}))
+        .await
+        .expect("catalog");
+    let python = catalog["images"]
+        .as_array()
+        .and_then(|images| images.iter().find(|i| i["name"] == "python"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(python["installed"], false, "{catalog}");
 }
