@@ -16,8 +16,8 @@ use async_ffi::{FfiFuture, FutureExt as _};
 use futures::FutureExt as _;
 use serde_json::Value;
 
-use crate::ffi::{InstanceBox, InstanceFfi, InstanceFfi_TO};
-use crate::{ErrorBody, Manifest};
+use crate::ffi::{HostBox, InstanceBox, InstanceFfi, InstanceFfi_TO};
+use crate::{ErrorBody, Host, Manifest};
 
 pub type PluginFuture = Pin<Box<dyn Future<Output = Result<Value, ErrorBody>> + Send>>;
 
@@ -30,7 +30,7 @@ pub trait Plugin: Send + Sync + 'static {
     fn shutdown(self: Arc<Self>) {}
 }
 
-pub type InitFn = fn(&Value) -> Result<Arc<dyn Plugin>, String>;
+pub type InitFn = fn(&Value, Host) -> Result<Arc<dyn Plugin>, String>;
 
 /// How long shutdown waits for the plugin's tasks before dropping them.
 const RUNTIME_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -45,14 +45,17 @@ pub fn manifest_entry(manifest: fn() -> Manifest) -> RString {
 }
 
 #[doc(hidden)]
-pub fn init_entry(config: RStr<'_>, init: InitFn) -> RResult<InstanceBox, RString> {
-    let result = catch_unwind(AssertUnwindSafe(|| init_instance(config.as_str(), init)))
-        .unwrap_or_else(|panic| {
-            Err(format!(
-                "plugin panicked during init: {}",
-                panic_text(&panic)
-            ))
-        });
+pub fn init_entry(config: RStr<'_>, host: HostBox, init: InitFn) -> RResult<InstanceBox, RString> {
+    let host = Host::from_ffi(host);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        init_instance(config.as_str(), host, init)
+    }))
+    .unwrap_or_else(|panic| {
+        Err(format!(
+            "plugin panicked during init: {}",
+            panic_text(&panic)
+        ))
+    });
     match result {
         Ok(instance) => RResult::ROk(InstanceFfi_TO::from_value(
             instance,
@@ -62,7 +65,7 @@ pub fn init_entry(config: RStr<'_>, init: InitFn) -> RResult<InstanceBox, RStrin
     }
 }
 
-fn init_instance(config: &str, init: InitFn) -> Result<Instance, String> {
+fn init_instance(config: &str, host: Host, init: InitFn) -> Result<Instance, String> {
     init_logging();
     let config: Value =
         serde_json::from_str(config).map_err(|e| format!("configuration is not JSON: {e}"))?;
@@ -73,7 +76,7 @@ fn init_instance(config: &str, init: InitFn) -> Result<Instance, String> {
         .map_err(|e| format!("cannot start the plugin's runtime: {e}"))?;
     let plugin = {
         let _context = runtime.enter();
-        init(&config)?
+        init(&config, host)?
     };
     Ok(Instance {
         handle: runtime.handle().clone(),

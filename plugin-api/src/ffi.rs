@@ -31,6 +31,25 @@ pub trait InstanceFfi: Send + Sync {
 
 pub type InstanceBox = InstanceFfi_TO<'static, RBox<()>>;
 
+/// What the shell offers its plugin, as seen across the boundary.
+#[sabi_trait]
+pub trait HostFfi: Send + Sync {
+    /// The engine's WebSocket address (`ws://host:port`), for channel connections.
+    fn engine_url(&self) -> RString;
+
+    /// Calls `function_id` on the bus with a JSON payload; resolves to the JSON result or a
+    /// one-line error.
+    #[sabi(last_prefix_field)]
+    fn invoke(
+        &self,
+        function_id: RString,
+        payload: RString,
+        timeout_ms: u64,
+    ) -> FfiFuture<RResult<RString, RString>>;
+}
+
+pub type HostBox = HostFfi_TO<'static, RBox<()>>;
+
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
@@ -38,9 +57,10 @@ pub type InstanceBox = InstanceFfi_TO<'static, RBox<()>>;
 pub struct PluginMod {
     /// The plugin's [`crate::Manifest`] as JSON.
     pub manifest: extern "C" fn() -> RString,
-    /// Builds an instance from the configuration JSON, or returns a one-line reason.
+    /// Builds an instance from the configuration JSON and the shell's services, or returns a
+    /// one-line reason.
     #[sabi(last_prefix_field)]
-    pub init: extern "C" fn(config: RStr<'_>) -> RResult<InstanceBox, RString>,
+    pub init: extern "C" fn(config: RStr<'_>, host: HostBox) -> RResult<InstanceBox, RString>,
 }
 
 impl RootModule for PluginModRef {

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::ffi::{InstanceBox, PluginModRef};
 use crate::manifest::ManifestError;
-use crate::{ErrorBody, Manifest};
+use crate::{ErrorBody, HostServices, Manifest};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -66,9 +66,15 @@ impl PluginLibrary {
         &self.manifest
     }
 
-    /// Starts an instance with `config`; on refusal returns the plugin's one-line reason.
-    pub fn init(&self, config: &Value) -> Result<PluginInstance, String> {
-        match (self.module.init())(config.to_string().as_str().into()) {
+    /// Starts an instance with `config` and the shell's `services` (whose calls run on the
+    /// current tokio runtime); on refusal returns the plugin's one-line reason.
+    pub fn init(
+        &self,
+        config: &Value,
+        services: Arc<dyn HostServices>,
+    ) -> Result<PluginInstance, String> {
+        let host = crate::services::to_ffi(services, tokio::runtime::Handle::current());
+        match (self.module.init())(config.to_string().as_str().into(), host) {
             RResult::ROk(instance) => Ok(PluginInstance(Arc::new(instance))),
             RResult::RErr(reason) => Err(reason.into_string()),
         }

@@ -14,16 +14,18 @@ pub mod export;
 mod ffi;
 pub mod host;
 pub mod manifest;
+pub mod services;
 
 pub use error::ErrorBody;
 pub use export::{Plugin, PluginFuture};
 pub use manifest::{ContractVersion, FunctionSpec, Manifest};
+pub use services::{Host, HostServices};
 
 /// Items the [`export_plugin!`] macro expands to; not for direct use.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::export::{init_entry, manifest_entry};
-    pub use crate::ffi::{InstanceBox, PluginMod, PluginModRef};
+    pub use crate::ffi::{HostBox, InstanceBox, PluginMod, PluginModRef};
     pub use abi_stable::export_root_module;
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::std_types::{RResult, RStr, RString};
@@ -32,8 +34,9 @@ pub mod __private {
 /// Exports the plugin's root module.
 ///
 /// `$manifest` is a `fn() -> Manifest`; `$init` is a
-/// `fn(&serde_json::Value) -> Result<Arc<dyn Plugin>, String>` that runs inside the plugin's own
-/// tokio runtime (so it may spawn tasks) and returns a one-line configuration error on failure.
+/// `fn(&serde_json::Value, Host) -> Result<Arc<dyn Plugin>, String>` that runs inside the
+/// plugin's own tokio runtime (so it may spawn tasks) and returns a one-line configuration
+/// error on failure.
 #[macro_export]
 macro_rules! export_plugin {
     ($manifest:path, $init:path) => {
@@ -43,9 +46,10 @@ macro_rules! export_plugin {
 
         extern "C" fn __sandbox_plugin_init(
             config: $crate::__private::RStr<'_>,
+            host: $crate::__private::HostBox,
         ) -> $crate::__private::RResult<$crate::__private::InstanceBox, $crate::__private::RString>
         {
-            $crate::__private::init_entry(config, $init)
+            $crate::__private::init_entry(config, host, $init)
         }
 
         #[$crate::__private::export_root_module]

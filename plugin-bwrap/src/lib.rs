@@ -14,7 +14,7 @@ mod pool;
 
 use std::sync::Arc;
 
-use plugin_api::{Manifest, Plugin};
+use plugin_api::{Host, Manifest, Plugin};
 use sandbox_core::SandboxPlugin;
 
 pub use backend::BwrapBackend;
@@ -25,12 +25,13 @@ fn manifest() -> Manifest {
     sandbox_core::functions::manifest(ADAPTER, env!("CARGO_PKG_VERSION"))
 }
 
-fn init(config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
+fn init(config: &serde_json::Value, host: Host) -> Result<Arc<dyn Plugin>, String> {
     let plugin = SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
         BwrapBackend::new(),
+        host,
     )?;
     Ok(plugin)
 }

@@ -22,7 +22,7 @@ mod vm_spec;
 
 use std::sync::Arc;
 
-use plugin_api::{Manifest, Plugin};
+use plugin_api::{Host, Manifest, Plugin};
 use sandbox_core::SandboxPlugin;
 
 pub use backend::LibkrunBackend;
@@ -33,12 +33,13 @@ fn manifest() -> Manifest {
     sandbox_core::functions::manifest(ADAPTER, env!("CARGO_PKG_VERSION"))
 }
 
-fn init(config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
+fn init(config: &serde_json::Value, host: Host) -> Result<Arc<dyn Plugin>, String> {
     Ok(SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
         LibkrunBackend::new(),
+        host,
     )?)
 }
 

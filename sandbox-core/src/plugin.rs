@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use image_store::ImageStore;
-use plugin_api::{ErrorBody, Plugin, PluginFuture};
+use plugin_api::{ErrorBody, Host, Plugin, PluginFuture};
 use serde_json::Value;
 
 use crate::backend::Backend;
@@ -31,6 +31,8 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) agent_path: PathBuf,
     /// Leftovers of an earlier run cleaned at start-up (`list.reconciled`).
     pub(crate) reconciled: usize,
+    /// The shell's services: engine channels for large `fs::read` / `fs::write` content.
+    pub(crate) host: Host,
 }
 
 impl<B: Backend> SandboxPlugin<B> {
@@ -42,6 +44,7 @@ impl<B: Backend> SandboxPlugin<B> {
         adapter_version: &'static str,
         config: &Value,
         backend: B,
+        host: Host,
     ) -> Result<Arc<Self>, String> {
         let config = Config::from_json(config).map_err(|e| e.to_string())?;
         let images =
@@ -63,6 +66,7 @@ impl<B: Backend> SandboxPlugin<B> {
             state,
             agent_path: agent_path(),
             reconciled,
+            host,
         });
         reaper::spawn(Arc::downgrade(&plugin));
         Ok(plugin)

@@ -150,7 +150,14 @@ async fn random_payloads_never_panic_and_get_s_codes() {
         sandbox_core::plugin::AGENT_PATH_ENV,
         std::env::current_exe().unwrap(),
     );
-    let plugin = SandboxPlugin::start("sandbox-test", "0", &config, NoBoot).unwrap();
+    let plugin = SandboxPlugin::start(
+        "sandbox-test",
+        "0",
+        &config,
+        NoBoot,
+        plugin_api::Host::none(),
+    )
+    .unwrap();
     let functions = [
         "create",
         "exec",

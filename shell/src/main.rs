@@ -14,6 +14,7 @@ mod auth;
 mod cli;
 mod configuration;
 mod serve;
+mod services;
 mod startup;
 
 use std::process::ExitCode;

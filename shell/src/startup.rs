@@ -91,7 +91,11 @@ pub async fn run(args: Args) -> Exit {
         }
         Err(e) => return fail(Exit::BadSetup, e),
     };
-    let plugin = match library.init(&config) {
+    let services = Arc::new(crate::services::EngineServices {
+        iii: iii.clone(),
+        url: args.url.clone(),
+    });
+    let plugin = match library.init(&config, services) {
         Ok(plugin) => plugin,
         Err(reason) => {
             return fail(

@@ -1,6 +1,6 @@
 //! The `fs::*` functions end to end on the bwrap plugin: every verb's happy path and its main
 //! refusals (S211 with the `parents` fix, S212, S213, S214, S210, S002, S004), write/read round
-//! trips (text, base64 binary -> S219 on read, the 1 MiB body limit), exec and fs seeing each
+//! trips (text inline, any bytes through engine channels both ways, the 1 MiB body limit), exec and fs seeing each
 //! other's files, mode rendering, a table of malformed payloads that are all S001, and no idle
 //! reaping while an fs call is in flight.
 
@@ -10,6 +10,7 @@ use base64::Engine as _;
 use e2e_tests::{bwrap_usable, RemoteError, Stack};
 use std::time::Duration;
 
+use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
 use sandbox_support::{create, eventually, exec_ok, expect_err, live_ids, sh, stop};
 use serde_json::{json, Value};
 
@@ -292,7 +293,10 @@ async fn file_contents_round_trip_between_fs_and_exec() {
     );
     let read = fs_ok(&stack, "read", &id, json!({"path": "/tmp/note.txt"})).await;
     assert_eq!(read["body"], text, "{read}");
-    assert_eq!(read["content"], Value::Null);
+    assert_eq!(
+        read_channel(&stack, &read["content"]).await,
+        text.as_bytes()
+    );
     assert_eq!(read["size"], text.len());
     assert_eq!(read["mode"], "0640");
     assert!(
@@ -346,8 +350,8 @@ async fn file_contents_round_trip_between_fs_and_exec() {
         "read has no parents fix: {missing}"
     );
 
-    // Binary through base64: exec sees the exact bytes; fs::read refuses it as S219 until
-    // channels exist.
+    // Binary through base64: exec sees the exact bytes; fs::read gives them through the
+    // channel only (no `body`).
     let bytes: Vec<u8> = (0..=255u8).rev().collect();
     let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
     let written = fs_ok(
@@ -359,13 +363,9 @@ async fn file_contents_round_trip_between_fs_and_exec() {
     .await;
     assert_eq!(written["bytes_written"], 256);
     assert_eq!(stdout_of(&stack, &id, "base64 -w0 /tmp/bin").await, b64);
-    let body = fs_err(&stack, "read", &id, json!({"path": "/tmp/bin"}), "S219").await;
-    assert!(
-        body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("channel")),
-        "{body}"
-    );
+    let read = fs_ok(&stack, "read", &id, json!({"path": "/tmp/bin"})).await;
+    assert!(read.get("body").is_none(), "no body for binary: {read}");
+    assert_eq!(read_channel(&stack, &read["content"]).await, bytes);
 
     // What exec writes, fs sees.
     exec_ok(
@@ -383,7 +383,7 @@ async fn file_contents_round_trip_between_fs_and_exec() {
     assert!(names(&listing).contains(&"e.txt".to_string()), "{listing}");
 
     // The body limit: exactly 1 MiB of text comes back whole (several agent pages), one byte
-    // more is S219.
+    // more comes through the channel only.
     exec_ok(
         &stack,
         &id,
@@ -398,13 +398,135 @@ async fn file_contents_round_trip_between_fs_and_exec() {
         "1 MiB body"
     );
     exec_ok(&stack, &id, sh("printf a >> /tmp/mib")).await;
-    let body = fs_err(&stack, "read", &id, json!({"path": "/tmp/mib"}), "S219").await;
-    assert!(
-        body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("1 MiB")),
-        "{body}"
+    let over = fs_ok(&stack, "read", &id, json!({"path": "/tmp/mib"})).await;
+    assert!(over.get("body").is_none(), "no body past 1 MiB");
+    assert_eq!(over["size"], MIB + 1);
+    let streamed = read_channel(&stack, &over["content"]).await;
+    assert!(streamed.len() == MIB + 1 && streamed.iter().all(|b| *b == b'a'));
+    stop(&stack, &id, false).await;
+}
+
+/// Reads a channel ref the adapter answered, to its end.
+async fn read_channel(stack: &Stack, content: &Value) -> Vec<u8> {
+    let channel_ref: StreamChannelRef =
+        serde_json::from_value(content.clone()).unwrap_or_else(|e| panic!("{content}: {e}"));
+    let reader = ChannelReader::new(&stack.engine.url(), &channel_ref);
+    tokio::time::timeout(Duration::from_secs(60), reader.read_all())
+        .await
+        .expect("the channel ends")
+        .expect("the channel reads")
+}
+
+/// A channel whose read end goes to the adapter; `bytes` are written (in 64 KiB frames by the
+/// SDK) and the writer closed, concurrently with the call that consumes them.
+async fn channel_with(stack: &Stack, bytes: Vec<u8>) -> (Value, tokio::task::JoinHandle<()>) {
+    let created = stack
+        .client
+        .invoke(
+            "engine::channels::create",
+            json!({}),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("engine::channels::create");
+    let writer_ref: StreamChannelRef =
+        serde_json::from_value(created["writer"].clone()).expect("writer ref");
+    let writer = ChannelWriter::new(&stack.engine.url(), &writer_ref);
+    let feeding = tokio::spawn(async move {
+        writer.write(&bytes).await.expect("channel write");
+        writer.close().await.expect("channel close");
+    });
+    (created["reader"].clone(), feeding)
+}
+
+/// Large and binary content both ways through engine channels: 3 MiB of every byte value
+/// written through a channel arrives whole (exec's checksum agrees), comes back through
+/// `fs::read`'s channel byte for byte; an empty stream makes an empty file; a write end or a
+/// malformed ref is S001, a channel nobody can attach to is S218, and the adapter serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_and_binary_content_through_channels() {
+    if !bwrap_usable("large_and_binary_content_through_channels") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({})).await;
+    let bytes: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 256) as u8).collect();
+    let (reader_ref, feeding) = channel_with(&stack, bytes.clone()).await;
+    let written = fs_ok(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/big.bin", "content": reader_ref, "parents": true}),
+    )
+    .await;
+    feeding.await.expect("feeder");
+    assert_eq!(written["bytes_written"], 3 * MIB, "{written}");
+    let digest = |data: &[u8]| {
+        let mut sum: u64 = 0;
+        for (i, b) in data.iter().enumerate() {
+            sum = sum
+                .wrapping_mul(31)
+                .wrapping_add(u64::from(*b) ^ (i as u64 & 0xff));
+        }
+        sum
+    };
+    let listed = stdout_of(&stack, &id, "wc -c < /tmp/big.bin").await;
+    assert_eq!(listed.trim(), (3 * MIB).to_string());
+    let read = fs_ok(&stack, "read", &id, json!({"path": "/tmp/big.bin"})).await;
+    assert!(read.get("body").is_none(), "{read}");
+    assert_eq!(read["size"], 3 * MIB);
+    let back = read_channel(&stack, &read["content"]).await;
+    assert_eq!(back.len(), bytes.len());
+    assert_eq!(
+        digest(&back),
+        digest(&bytes),
+        "the bytes came back unchanged"
     );
+
+    let (empty_ref, feeding) = channel_with(&stack, Vec::new()).await;
+    let empty = fs_ok(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/big.bin", "content": empty_ref}),
+    )
+    .await;
+    feeding.await.expect("feeder");
+    assert_eq!(empty["bytes_written"], 0, "{empty}");
+    assert_eq!(
+        stdout_of(&stack, &id, "wc -c < /tmp/big.bin").await.trim(),
+        "0"
+    );
+
+    let write_end = json!({"channel_id": "c", "access_key": "k", "direction": "write"});
+    fs_err(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/x", "content": write_end}),
+        "S001",
+    )
+    .await;
+    fs_err(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/x", "content": {"channel_id": 5}}),
+        "S001",
+    )
+    .await;
+    let nowhere = json!({"channel_id": "no-such-channel", "access_key": "k", "direction": "read"});
+    let body = fs_err(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/x", "content": nowhere}),
+        "S218",
+    )
+    .await;
+    assert_eq!(body["retryable"], true, "{body}");
+    let after = fs_ok(&stack, "stat", &id, json!({"path": "/tmp/big.bin"})).await;
+    assert_eq!(after["size"], 0, "{after}");
     stop(&stack, &id, false).await;
 }
 

@@ -199,7 +199,7 @@ fn write_request() -> Value {
     let mut schema = path_request(
         &[],
         json!({
-            "content": {"type": "string", "description": "UTF-8 text to write"},
+            "content": {"description": "UTF-8 text to write, or the read end of an engine channel carrying the bytes (any size)", "oneOf": [{"type": "string"}, channel_ref()]},
             "content_b64": {"type": "string", "contentEncoding": "base64", "description": "Bytes to write, base64"},
             "mode": mode("0644"),
             "parents": flag("Create missing parent directories"),
@@ -213,11 +213,22 @@ fn read_response() -> Value {
     object(
         &["content", "size", "mode", "mtime"],
         json!({
-            "content": {"type": "null", "description": "Channel ref for large or binary files; channels are not available in this build, so always null"},
-            "body": {"type": "string", "description": "The file's text (UTF-8 files up to 1 MiB)"},
+            "content": {"description": "Read end of an engine channel carrying the file's bytes (null only when the adapter runs without an engine connection and `body` holds the file)", "oneOf": [channel_ref(), {"type": "null"}]},
+            "body": {"type": "string", "description": "The file's text, present for UTF-8 files up to 1 MiB"},
             "size": count(),
             "mode": mode_pattern(),
             "mtime": mtime(),
+        }),
+    )
+}
+
+fn channel_ref() -> Value {
+    object(
+        &["channel_id", "access_key", "direction"],
+        json!({
+            "channel_id": {"type": "string"},
+            "access_key": {"type": "string"},
+            "direction": {"type": "string", "enum": ["read", "write"]},
         }),
     )
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use plugin_api::{ContractVersion, Manifest, Plugin};
+use plugin_api::{ContractVersion, Host, Manifest, Plugin};
 
 fn manifest() -> Manifest {
     Manifest {
@@ -14,7 +14,7 @@ fn manifest() -> Manifest {
     }
 }
 
-fn init(_config: &serde_json::Value) -> Result<Arc<dyn Plugin>, String> {
+fn init(_config: &serde_json::Value, _host: Host) -> Result<Arc<dyn Plugin>, String> {
     Err("this plugin only exists to be refused".into())
 }
 
