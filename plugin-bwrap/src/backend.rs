@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
+    Backend, BootSpec, Booted, ChildProcess, GuestMount, HostUnfit, SandboxError, SandboxProcess,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -88,8 +88,13 @@ impl Backend for BwrapBackend {
             .ok_or_else(|| SandboxError::BootFailed("`bwrap` is not installed".into()))?;
         let [upper, work, merged] = ["upper", "work", "merged"].map(|d| spec.layer_dir.join(d));
         for dir in [&upper, &work, &merged] {
-            std::fs::create_dir(dir)
-                .map_err(|e| boot_error("cannot prepare the sandbox layer", e))?;
+            // A persistent layer (worker VM) keeps what its earlier boots wrote.
+            let made = if spec.persistent_layer {
+                std::fs::create_dir_all(dir)
+            } else {
+                std::fs::create_dir(dir)
+            };
+            made.map_err(|e| boot_error("cannot prepare the sandbox layer", e))?;
         }
         let launcher = self.pool.take().map_err(|e| {
             boot_error(
@@ -177,6 +182,9 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         "--ro-bind".into(),
         path(&spec.agent_path),
         AGENT_IN_SANDBOX.into(),
+    ]);
+    args.extend(mount_args(&spec.mounts));
+    args.extend([
         "--hostname".into(),
         "sandbox".into(),
         "--setenv".into(),
@@ -188,6 +196,47 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         AGENT_IN_SANDBOX.into(),
         "--stdio".into(),
     ]);
+    args
+}
+
+/// The mounts of a spec as bwrap arguments, in order; read-only tmpfs directories are
+/// remounted read-only last, once everything below them is in place.
+fn mount_args(mounts: &[GuestMount]) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut read_only_dirs = Vec::new();
+    for mount in mounts {
+        match mount {
+            GuestMount::Bind(bind) => {
+                let flag = if bind.read_only {
+                    "--ro-bind"
+                } else {
+                    "--bind"
+                };
+                args.extend([
+                    flag.into(),
+                    bind.host.display().to_string(),
+                    bind.guest.clone(),
+                ]);
+            }
+            GuestMount::Tmpfs { guest, read_only } => {
+                args.extend(["--tmpfs".into(), guest.clone()]);
+                if *read_only {
+                    read_only_dirs.push(guest.clone());
+                }
+            }
+            GuestMount::Symlink { target, guest } => {
+                args.extend([
+                    "--symlink".into(),
+                    target.display().to_string(),
+                    guest.clone(),
+                ]);
+            }
+        }
+    }
+    // `--remount-ro` is not recursive: the binds below keep their own flags.
+    for dir in read_only_dirs {
+        args.extend(["--remount-ro".into(), dir]);
+    }
     args
 }
 
@@ -222,4 +271,51 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join(program))
         .find(|candidate| candidate.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::Mount;
+
+    #[test]
+    fn mounts_become_bwrap_arguments_with_read_only_tmpfs_last() {
+        let mounts = vec![
+            GuestMount::Tmpfs {
+                guest: "/worker".into(),
+                read_only: true,
+            },
+            GuestMount::Bind(Mount {
+                host: "/p/src".into(),
+                guest: "/worker/src".into(),
+                read_only: true,
+            }),
+            GuestMount::Symlink {
+                target: "src/a".into(),
+                guest: "/worker/link".into(),
+            },
+            GuestMount::Bind(Mount {
+                host: "/s/data".into(),
+                guest: "/state".into(),
+                read_only: false,
+            }),
+        ];
+        let expected = [
+            "--tmpfs",
+            "/worker",
+            "--ro-bind",
+            "/p/src",
+            "/worker/src",
+            "--symlink",
+            "src/a",
+            "/worker/link",
+            "--bind",
+            "/s/data",
+            "/state",
+            "--remount-ro",
+            "/worker",
+        ];
+        assert_eq!(mount_args(&mounts), expected);
+        assert!(mount_args(&[]).is_empty());
+    }
 }

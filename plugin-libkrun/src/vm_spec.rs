@@ -73,6 +73,8 @@ mod tests {
             memory_mb,
             network: true,
             agent_path: agent,
+            mounts: Vec::new(),
+            persistent_layer: false,
         };
         (spec, layout)
     }

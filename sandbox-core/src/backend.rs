@@ -30,6 +30,33 @@ pub struct BootSpec {
     pub network: bool,
     /// The static agent binary to run as PID 1 inside.
     pub agent_path: PathBuf,
+    /// Extra mounts over the root, applied in order (a worker VM's `/worker`, `/state`, ...).
+    /// Empty for plain sandboxes.
+    pub mounts: Vec<GuestMount>,
+    /// The writable layer outlives the sandbox (worker VMs): existing upper/work directories
+    /// are reused, not refused.
+    pub persistent_layer: bool,
+}
+
+/// One entry of [`BootSpec::mounts`], backend-neutral: bwrap turns it into `--bind`/`--tmpfs`
+/// arguments, a VM into shares. Later entries may lie inside earlier ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestMount {
+    /// A host file or directory at `guest`.
+    Bind(Mount),
+    /// An empty directory held in memory at `guest`; read-only (once the entries below it
+    /// are mounted) when `read_only`.
+    Tmpfs { guest: String, read_only: bool },
+    /// A symbolic link at `guest` whose text is `target` (resolved inside the guest).
+    Symlink { target: PathBuf, guest: String },
+}
+
+/// A host path shown to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub host: PathBuf,
+    pub guest: String,
+    pub read_only: bool,
 }
 
 pub type AgentReader = Box<dyn AsyncRead + Send + Unpin>;

@@ -70,13 +70,15 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
                 function(id, description, request, response)
             }),
     );
-    functions.extend(WORKER_OPERATIONS.iter().map(|op| FunctionSpec {
-        id: format!("worker::{op}"),
-        description: format!("Worker VM operation `{op}` (token-guarded; see SPEC.md section 6)"),
-        request_schema: worker_request(),
-        response_schema: json!({"type": "object"}),
-        token_guarded: true,
-    }));
+    functions.extend(crate::ops::worker::schema::specs().into_iter().map(
+        |(op, description, request, response)| FunctionSpec {
+            id: format!("worker::{op}"),
+            description: format!("{description} (token-guarded; SPEC.md section 6)"),
+            request_schema: request,
+            response_schema: response,
+            token_guarded: true,
+        },
+    ));
     Manifest {
         adapter: adapter.to_string(),
         adapter_version: adapter_version.to_string(),
@@ -242,15 +244,6 @@ fn run_request() -> Value {
     )
 }
 
-fn worker_request() -> Value {
-    object(
-        &["auth"],
-        json!({
-            "auth": {"type": "string", "description": "The worker token given to the adapter as III_SANDBOX_WORKER_TOKEN"}
-        }),
-    )
-}
-
 fn info_response() -> Value {
     object(
         &[
@@ -286,6 +279,22 @@ mod tests {
             assert_eq!(f.token_guarded, f.id.starts_with("worker::"), "{}", f.id);
             assert_eq!(f.request_schema["type"], "object", "{}", f.id);
             assert_eq!(f.response_schema["type"], "object", "{}", f.id);
+        }
+        let workers: Vec<String> = WORKER_OPERATIONS
+            .iter()
+            .map(|op| format!("worker::{op}"))
+            .collect();
+        let guarded: Vec<String> = manifest
+            .functions
+            .iter()
+            .filter(|f| f.token_guarded)
+            .map(|f| f.id.clone())
+            .collect();
+        assert_eq!(guarded, workers);
+        for f in manifest.functions.iter().filter(|f| f.token_guarded) {
+            let required = f.request_schema["required"].as_array().unwrap();
+            assert!(required.contains(&json!("auth")), "{}", f.id);
+            assert!(required.contains(&json!("vm_id")), "{}", f.id);
         }
     }
 }

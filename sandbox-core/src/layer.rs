@@ -120,6 +120,19 @@ impl StateDir {
     }
 }
 
+/// Kills the process recorded in `dir` (by [`StateDir::record_process`]) if it still runs,
+/// and forgets it: for directories that outlive their sandbox (worker VMs).
+pub(crate) fn kill_recorded_process(dir: &Path) {
+    let file = dir.join(PROCESS_FILE);
+    if let Some(process) = read_process(&file).filter(ProcessId::is_alive) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(process.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = fs::remove_file(file);
+}
+
 fn read_process(path: &Path) -> Option<ProcessId> {
     ProcessId::decode(&fs::read_to_string(path).ok()?)
 }

@@ -19,6 +19,7 @@
 //! | 5, host prerequisites | [`backend::Backend::probe`] |
 //! | 7, no orphans, reconciliation | `layer.rs` |
 //! | 7, idle reaping | `reaper.rs` |
+//! | 6, worker VMs (`worker::*`) | [`ops::worker`] |
 
 #![forbid(unsafe_code)]
 
@@ -35,8 +36,8 @@ mod registry;
 pub mod request;
 
 pub use backend::{
-    log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, HostUnfit,
-    SandboxProcess,
+    log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, GuestMount,
+    HostUnfit, Mount, SandboxProcess,
 };
 pub use config::Config;
 pub use error::SandboxError;

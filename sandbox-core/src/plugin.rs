@@ -31,6 +31,8 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) agent_path: PathBuf,
     /// Leftovers of an earlier run cleaned at start-up (`list.reconciled`).
     pub(crate) reconciled: usize,
+    /// The worker VMs (`worker::*`), outside the sandbox registry.
+    pub(crate) workers: ops::worker::Workers,
     /// The shell's services: engine channels for large `fs::read` / `fs::write` content.
     pub(crate) host: Host,
 }
@@ -56,6 +58,12 @@ impl<B: Backend> SandboxPlugin<B> {
         let state = StateDir::open(&state_dir)
             .map_err(|e| format!("cannot use state directory {}: {e}", state_dir.display()))?;
         let reconciled = state.reconcile(&backend);
+        let workers = ops::worker::Workers::open(&state_dir).map_err(|e| {
+            format!(
+                "cannot use the worker VMs' directory under {}: {e}",
+                state_dir.display()
+            )
+        })?;
         let plugin = Arc::new(Self {
             adapter,
             adapter_version,
@@ -66,9 +74,11 @@ impl<B: Backend> SandboxPlugin<B> {
             state,
             agent_path: agent_path(),
             reconciled,
+            workers,
             host,
         });
         reaper::spawn(Arc::downgrade(&plugin));
+        ops::worker::restart_all(&plugin);
         Ok(plugin)
     }
 
@@ -90,16 +100,14 @@ impl<B: Backend> SandboxPlugin<B> {
             "list" => Ok(ops::list::list(&self)),
             "run" => ops::run::run(&self, payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
-            f if f.starts_with("worker::") => Err(SandboxError::BootFailed(
-                "worker VMs are not available in this build of the adapter yet".into(),
-            )),
+            f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,
             other => Err(SandboxError::InvalidRequest(format!(
                 "unknown function `{other}`"
             ))),
         }
     }
 
-    /// Stops every sandbox; the adapter is going away.
+    /// Stops every sandbox and worker VM; the adapter is going away.
     fn stop_all(self: &Arc<Self>) {
         let sandboxes = self.registry.live();
         let plugin = Arc::clone(self);
@@ -112,7 +120,9 @@ impl<B: Backend> SandboxPlugin<B> {
                     let stops = sandboxes
                         .into_iter()
                         .filter_map(|s| plugin.registry.take(s.id, true).ok().flatten());
-                    futures::future::join_all(stops.map(|s| ops::stop::teardown(&plugin, s))).await;
+                    let sandboxes = stops.map(|s| ops::stop::teardown(&plugin, s));
+                    let workers = ops::worker::shutdown(&plugin);
+                    futures::future::join(futures::future::join_all(sandboxes), workers).await;
                 })
             });
         });

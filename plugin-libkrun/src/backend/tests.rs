@@ -30,6 +30,8 @@ fn boot_spec(dir: &Path) -> BootSpec {
         memory_mb: 256,
         network: false,
         agent_path: agent,
+        mounts: Vec::new(),
+        persistent_layer: false,
     }
 }
 
@@ -126,4 +128,21 @@ time.sleep(600)
         !Path::new(&format!("/proc/{pid}")).exists(),
         "the runner is killed and reaped"
     );
+}
+
+#[tokio::test]
+async fn worker_specs_are_refused_with_s300_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = boot_spec(dir.path());
+    spec.mounts.push(sandbox_core::GuestMount::Tmpfs {
+        guest: "/worker".into(),
+        read_only: true,
+    });
+    let backend = LibkrunBackend::with_runner(dir.path().join("no-runner"));
+    let error = match backend.boot(&spec).await {
+        Ok(_) => panic!("a spec with mounts booted"),
+        Err(e) => e,
+    };
+    assert_eq!(error.code(), "S300");
+    assert!(error.to_string().contains("worker VMs"), "{error}");
 }

@@ -16,7 +16,7 @@ use crate::registry::{NewSandbox, Sandbox};
 use crate::request::{env_pairs, parse};
 
 /// How long a booted sandbox may take to greet us (a microVM under emulation is slow).
-const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Deserialize)]
 struct CreateRequest {
@@ -107,6 +107,8 @@ pub async fn create_sandbox<B: Backend>(
         memory_mb,
         network: options.network,
         agent_path: plugin.agent_path.clone(),
+        mounts: Vec::new(),
+        persistent_layer: false,
     };
     let layer_ms = phases.lap();
     let booted = match plugin.backend.boot(&spec).await {
@@ -199,7 +201,7 @@ fn check_request(options: &CreateOptions, cpus: u32, memory_mb: u32) -> Result<(
     Ok(())
 }
 
-fn check_image_caps<B: Backend>(
+pub(crate) fn check_image_caps<B: Backend>(
     plugin: &SandboxPlugin<B>,
     image: &str,
     cpus: u32,

@@ -20,6 +20,7 @@ pub const FEATURES: &[&str] = &[
     "idle_reaping",
     "reconcile",
     "worker_token_guard",
+    "worker_vms",
 ];
 
 pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {

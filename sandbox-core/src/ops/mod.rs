@@ -1,4 +1,4 @@
-//! One module per operation of SPEC.md section 2.
+//! One module per operation of SPEC.md section 2, and `worker` for section 6.
 
 pub mod catalog;
 pub mod create;
@@ -8,6 +8,7 @@ pub mod info;
 pub mod list;
 pub mod run;
 pub mod stop;
+pub mod worker;
 
 use agent_proto::FsError;
 

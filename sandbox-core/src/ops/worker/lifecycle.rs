@@ -1,0 +1,307 @@
+//! Booting a worker VM, running its program, and ending it: gracefully on `stop`, at once
+//! when the adapter goes away, and by itself when the program exits.
+
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_proto::client::{AgentClient, AgentError};
+use agent_proto::{ExecOutcome, ExecSpec};
+use tokio::sync::watch;
+
+use super::guest_env::guest_env;
+use super::record::{now_rfc3339, WorkerRecord, WorkerState};
+use super::tree::read_only_tree;
+use crate::backend::{Backend, BootSpec, GuestMount, Mount, SandboxProcess};
+use crate::error::SandboxError;
+use crate::ops::create::{check_image_caps, AGENT_HELLO_TIMEOUT};
+use crate::plugin::SandboxPlugin;
+
+/// Where the guest finds the host directory (read-only), its state, and its log directory.
+pub const WORKER_DIR: &str = "/worker";
+pub const STATE_DIR: &str = "/state";
+pub const LOG_DIR: &str = "/iii-logs";
+/// Runs the program with its output appended to the log (so it needs `/bin/sh` in the image).
+const WRAPPER: &str = "exec \"$@\" >>/iii-logs/worker.log 2>&1";
+/// How long the agent gets to end its programs before the VM is killed.
+const AGENT_GOODBYE: Duration = Duration::from_secs(2);
+/// How long a teardown may take once the VM is killed.
+const TEARDOWN_LIMIT: Duration = Duration::from_secs(30);
+
+/// One boot of a worker VM.
+pub struct Run {
+    agent: AgentClient,
+    process: Box<dyn SandboxProcess>,
+    layer: PathBuf,
+    /// A caller (stop, destroy, shutdown) settles the record: the program's end does not.
+    stop_requested: AtomicBool,
+    program_ended: AtomicBool,
+    /// Becomes true once the VM is torn down.
+    done: watch::Sender<bool>,
+}
+
+impl Run {
+    /// The host process holding the VM.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    pub fn program_ended(&self) -> bool {
+        self.program_ended.load(Ordering::SeqCst)
+    }
+
+    /// Waits up to `limit` for the teardown; whether it happened.
+    pub async fn wait_done(&self, limit: Duration) -> bool {
+        let mut done = self.done.subscribe();
+        let waited = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
+        waited.is_ok()
+    }
+}
+
+/// Boots `record`'s VM and starts its program; the record says `running` on success and
+/// `failed` (with the reason) on failure, and is saved either way.
+pub async fn launch<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    record: &mut WorkerRecord,
+) -> Result<(), SandboxError> {
+    match boot(plugin, record).await {
+        Ok(()) => {
+            tracing::info!(vm_id = %record.vm_id, image = %record.image, "worker VM started");
+            Ok(())
+        }
+        Err(e) => {
+            record.state = WorkerState::Failed;
+            record.error = Some(e.to_string());
+            plugin.workers.save(record)?;
+            Err(e)
+        }
+    }
+}
+
+async fn boot<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    record: &mut WorkerRecord,
+) -> Result<(), SandboxError> {
+    let workers = &plugin.workers;
+    let vm_id = record.vm_id.clone();
+    let host = workers.roots.check(&record.host_path)?;
+    let cpus = record.cpus.unwrap_or(plugin.config.default_cpus);
+    let memory_mb = record.memory_mb.unwrap_or(plugin.config.default_memory_mb);
+    check_image_caps(plugin, &record.image, cpus, memory_mb)?;
+    plugin
+        .images
+        .check_allowed(&record.image)
+        .map_err(crate::images::error)?;
+    plugin
+        .backend
+        .probe()
+        .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
+    if !plugin.agent_path.is_file() {
+        return Err(SandboxError::BootFailed(format!(
+            "the sandbox agent binary is missing at {} (set SANDBOX_AGENT_PATH)",
+            plugin.agent_path.display()
+        )));
+    }
+    let image = plugin
+        .images
+        .ensure(&record.image)
+        .await
+        .map_err(crate::images::error)?;
+    let boot_error = |what: &str, e: io::Error| SandboxError::BootFailed(format!("{what}: {e}"));
+    workers
+        .dirs
+        .create(&vm_id)
+        .map_err(|e| boot_error("cannot create the worker's state directory", e))?;
+    let layer = workers.dirs.layer(&vm_id);
+    // What an adapter that died (kill -9) may have left of this VM's last boot.
+    crate::layer::kill_recorded_process(&layer);
+    plugin.backend.release_layer(&layer);
+
+    let mut mounts = read_only_tree(&host, WORKER_DIR, workers.roots.hidden())
+        .map_err(|e| boot_error(&format!("cannot read {}", host.display()), e))?;
+    for (host, guest) in [
+        (workers.dirs.data(&vm_id), STATE_DIR),
+        (workers.dirs.logs(&vm_id), LOG_DIR),
+    ] {
+        mounts.push(GuestMount::Bind(Mount {
+            host,
+            guest: guest.into(),
+            read_only: false,
+        }));
+    }
+    let spec = BootSpec {
+        sandbox_id: format!("worker-{vm_id}"),
+        image_root: image.rootfs.clone(),
+        layer_dir: layer.clone(),
+        cpus,
+        memory_mb,
+        network: true,
+        agent_path: plugin.agent_path.clone(),
+        mounts,
+        persistent_layer: true,
+    };
+    let booted = plugin.backend.boot(&spec).await?;
+    if let Some(pid) = booted.process.pid() {
+        plugin.state.record_process(&layer, pid);
+    }
+    let hello = tokio::time::timeout(
+        AGENT_HELLO_TIMEOUT,
+        AgentClient::connect(booted.reader, booted.writer),
+    )
+    .await;
+    let agent = match hello {
+        Ok(Ok(agent)) => agent,
+        failure => {
+            booted.process.kill().await;
+            let logs = plugin.backend.boot_logs(&layer);
+            plugin.backend.release_layer(&layer);
+            let cause = match failure {
+                Ok(Err(e)) => e.to_string(),
+                _ => format!("no answer within {} s", AGENT_HELLO_TIMEOUT.as_secs()),
+            };
+            return Err(SandboxError::BootFailed(format!(
+                "the worker VM's agent did not start: {cause}{logs}"
+            )));
+        }
+    };
+
+    let mut argv: Vec<String> = ["/bin/sh", "-c", WRAPPER, "sh"].map(String::from).to_vec();
+    argv.extend(record.command.iter().cloned());
+    let program = ExecSpec {
+        argv,
+        env: guest_env(&image.config.env, &record.env, &vm_id, &workers.engine_url),
+        workdir: record.workdir.clone().or_else(|| Some(WORKER_DIR.into())),
+        stdin: Vec::new(),
+        // An internal call: no deadline, and the output goes to the log, not to us.
+        timeout_ms: 0,
+        max_output_bytes: 0,
+    };
+    let run = Arc::new(Run {
+        agent,
+        process: booted.process,
+        layer,
+        stop_requested: AtomicBool::new(false),
+        program_ended: AtomicBool::new(false),
+        done: watch::channel(false).0,
+    });
+    record.state = WorkerState::Running;
+    record.started_at = Some(now_rfc3339());
+    record.exit_code = None;
+    record.error = None;
+    if let Err(e) = workers.save(record) {
+        kill_run(plugin, &run).await;
+        return Err(e);
+    }
+    super::lock(&workers.runs).insert(vm_id.clone(), Arc::clone(&run));
+    let plugin = Arc::clone(plugin);
+    tokio::spawn(async move {
+        let outcome = run.agent.exec(program).await;
+        finish(&plugin, &vm_id, &run, outcome).await;
+    });
+    Ok(())
+}
+
+/// The program ended (or its VM died): tear the VM down and, unless a caller is settling it,
+/// record how it ended.
+async fn finish<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    vm_id: &str,
+    run: &Arc<Run>,
+    outcome: Result<ExecOutcome, AgentError>,
+) {
+    run.program_ended.store(true, Ordering::SeqCst);
+    teardown(plugin, run).await;
+    if !run.stop_requested.load(Ordering::SeqCst) {
+        let (state, exit_code, error) = match outcome {
+            Ok(outcome) => (WorkerState::Exited, Some(outcome.exit_code), None),
+            Err(e) => (
+                WorkerState::Failed,
+                None,
+                Some(format!("the worker VM ended under its program: {e}")),
+            ),
+        };
+        tracing::info!(vm_id, ?state, ?exit_code, "worker VM's program ended");
+        plugin.workers.update(vm_id, |record| {
+            record.state = state;
+            record.exit_code = exit_code;
+            record.error = error;
+        });
+    }
+    let mut runs = super::lock(&plugin.workers.runs);
+    if runs.get(vm_id).is_some_and(|r| Arc::ptr_eq(r, run)) {
+        runs.remove(vm_id);
+    }
+    drop(runs);
+    run.done.send_replace(true);
+}
+
+async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
+    let _ = tokio::time::timeout(AGENT_GOODBYE, run.agent.shutdown()).await;
+    run.process.kill().await;
+    plugin.backend.release_layer(&run.layer);
+    crate::layer::kill_recorded_process(&run.layer);
+}
+
+/// `stop`: SIGTERM to every process of the guest but its init (the agent), up to `timeout`
+/// for the program to exit, then the VM is killed. Returns once it is torn down.
+pub async fn stop_run(run: &Run, timeout: Duration) {
+    run.stop_requested.store(true, Ordering::SeqCst);
+    if !run.program_ended() {
+        let term = ExecSpec {
+            argv: ["/bin/sh", "-c", "kill -TERM -1"]
+                .map(String::from)
+                .to_vec(),
+            env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
+            workdir: Some("/".into()),
+            stdin: Vec::new(),
+            timeout_ms: 5_000,
+            max_output_bytes: 4096,
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), run.agent.exec(term)).await;
+    }
+    if !run.wait_done(timeout).await {
+        run.process.kill().await;
+        run.wait_done(TEARDOWN_LIMIT).await;
+    }
+}
+
+/// Kills a worker VM at once without settling its record (the adapter is going away).
+pub async fn kill_run<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
+    run.stop_requested.store(true, Ordering::SeqCst);
+    run.process.kill().await;
+    plugin.backend.release_layer(&run.layer);
+}
+
+/// The last `max_bytes` of `path` (nothing if it does not exist yet), and whether more came
+/// before them.
+pub fn tail(path: &Path, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
+        Err(e) => return Err(e),
+    };
+    let length = file.metadata()?.len();
+    let start = length.saturating_sub(max_bytes);
+    file.seek(SeekFrom::Start(start))?;
+    let mut content = Vec::new();
+    file.take(max_bytes).read_to_end(&mut content)?;
+    Ok((content, start > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_bytes_and_says_when_it_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker.log");
+        assert_eq!(tail(&log, 10).unwrap(), (Vec::new(), false));
+        std::fs::write(&log, b"0123456789abc").unwrap();
+        assert_eq!(tail(&log, 3).unwrap(), (b"abc".to_vec(), true));
+        assert_eq!(tail(&log, 13).unwrap(), (b"0123456789abc".to_vec(), false));
+        assert_eq!(tail(&log, 100).unwrap(), (b"0123456789abc".to_vec(), false));
+    }
+}

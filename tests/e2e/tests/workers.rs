@@ -1,0 +1,651 @@
+//! Worker VMs (`worker::*`, SPEC.md section 6) end to end on the bwrap plugin: the lifecycle
+//! with state that survives restarts, the host roots (S501), the Compose file that no guest
+//! may see, the token that never enters a guest, the restart of running workers after the
+//! adapter dies, destroy, and malformed payloads.
+
+mod sandbox_support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use e2e_tests::{bwrap_usable, error_body, s_code, Adapter, AdapterOptions, Stack, PREFIX};
+use sandbox_support::eventually;
+use serde_json::{json, Value};
+
+/// The token these tests give the adapter; long and unusual enough to find in any file.
+const TOKEN: &str = "wk-tok-5f1e0c9a7b3d42e8a6c1-never-in-a-guest";
+
+/// A Compose project on the host: `project/` (the Compose dir, with `iii.yaml` holding a
+/// secret), `packages/` under a Compose state dir, and `outside/`, under no root.
+struct Project {
+    base: tempfile::TempDir,
+}
+
+impl Project {
+    fn new() -> Project {
+        let base = tempfile::tempdir().expect("tempdir");
+        let project = base.path().join("project");
+        std::fs::create_dir_all(project.join("svc/lib")).unwrap();
+        std::fs::create_dir_all(base.path().join("state/packages")).unwrap();
+        std::fs::create_dir_all(base.path().join("outside")).unwrap();
+        std::fs::write(
+            project.join("iii.yaml"),
+            "workers: {secret: compose-secret}\n",
+        )
+        .unwrap();
+        std::fs::write(project.join("main.txt"), "hello from the host\n").unwrap();
+        std::fs::write(project.join("svc/lib/mod.txt"), "deep file\n").unwrap();
+        std::fs::write(base.path().join("outside/x.txt"), "outside\n").unwrap();
+        Project { base }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base.path().join(rel)
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.path("project")
+    }
+
+    /// Adapter options: the worker token and the roots (the Compose dir, the Compose state
+    /// dir, and the base itself as a declared `path://` worker dir when `base_is_worker_dir`).
+    fn options(&self, base_is_worker_dir: bool) -> AdapterOptions {
+        let mut env = vec![
+            ("III_SANDBOX_WORKER_TOKEN".to_string(), TOKEN.to_string()),
+            ("III_COMPOSE_DIR".into(), self.dir().display().to_string()),
+            (
+                "III_COMPOSE_STATE_DIR".into(),
+                self.path("state").display().to_string(),
+            ),
+        ];
+        if base_is_worker_dir {
+            env.push((
+                "III_COMPOSE_WORKER_DIRS".into(),
+                format!("/nonexistent-worker-dir:{}", self.base.path().display()),
+            ));
+        }
+        AdapterOptions {
+            env,
+            ..AdapterOptions::default()
+        }
+    }
+}
+
+async fn start_stack(project: &Project, base_is_worker_dir: bool) -> Stack {
+    let stack = Stack::start(json!({}), project.options(base_is_worker_dir)).await;
+    wait_for_worker_functions(&stack).await;
+    stack
+}
+
+/// `Stack::start` waits for `adapter::info` only; functions register one by one.
+async fn wait_for_worker_functions(stack: &Stack) {
+    for op in ["prepare", "start", "status", "logs", "stop", "destroy"] {
+        let id = format!("{PREFIX}::worker::{op}");
+        let ready = stack
+            .client
+            .wait_for_function(&id, None, Duration::from_secs(60))
+            .await;
+        assert!(ready.is_ok(), "{id}: {ready:?}\n{}", stack.adapter.log());
+    }
+}
+
+/// `worker::<op>` with the token in `auth`.
+async fn worker(
+    stack: &Stack,
+    op: &str,
+    mut payload: Value,
+) -> Result<Value, e2e_tests::RemoteError> {
+    payload["auth"] = json!(TOKEN);
+    stack.call(&format!("worker::{op}"), payload).await
+}
+
+async fn worker_ok(stack: &Stack, op: &str, payload: Value) -> Value {
+    let shown = payload.to_string();
+    worker(stack, op, payload)
+        .await
+        .unwrap_or_else(|e| panic!("worker::{op} {shown}: {e:?}\n{}", stack.adapter.log()))
+}
+
+/// The S-code and message of a worker call that must fail.
+async fn worker_err(stack: &Stack, op: &str, payload: Value) -> (String, String) {
+    let shown = payload.to_string();
+    match worker(stack, op, payload).await {
+        Ok(answer) => panic!("worker::{op} {shown}: expected an error, got {answer}"),
+        Err(e) => {
+            let message = error_body(&e)["message"]
+                .as_str()
+                .unwrap_or(&e.message)
+                .to_string();
+            (s_code(&e), message)
+        }
+    }
+}
+
+async fn prepare(stack: &Stack, vm_id: &str, host_path: &Path) -> Value {
+    worker_ok(
+        stack,
+        "prepare",
+        json!({"vm_id": vm_id, "image": "python", "host_path": host_path}),
+    )
+    .await
+}
+
+async fn start_sh(stack: &Stack, vm_id: &str, script: &str, env: Value) -> Value {
+    worker_ok(
+        stack,
+        "start",
+        json!({"vm_id": vm_id, "command": ["/bin/sh", "-c", script], "env": env}),
+    )
+    .await
+}
+
+async fn status(stack: &Stack, vm_id: &str) -> Value {
+    worker_ok(stack, "status", json!({ "vm_id": vm_id })).await
+}
+
+async fn log_of(stack: &Stack, vm_id: &str) -> String {
+    let logs = worker_ok(stack, "logs", json!({ "vm_id": vm_id })).await;
+    logs["content"].as_str().expect("logs.content").to_string()
+}
+
+/// Waits until the worker's log holds `needle` `times` times; the log as it then was.
+async fn wait_log(stack: &Stack, vm_id: &str, needle: &str, times: usize) -> String {
+    let found = eventually(Duration::from_secs(60), || async {
+        log_of(stack, vm_id).await.matches(needle).count() >= times
+    })
+    .await;
+    let log = log_of(stack, vm_id).await;
+    assert!(
+        found,
+        "{needle:?} x{times} never showed in the log of {vm_id}: {log}\n{}",
+        stack.adapter.log()
+    );
+    log
+}
+
+/// Waits until the worker's state is `state`; the status as it then was.
+async fn wait_state(stack: &Stack, vm_id: &str, state: &str) -> Value {
+    let reached = eventually(Duration::from_secs(60), || async {
+        status(stack, vm_id).await["state"] == state
+    })
+    .await;
+    let now = status(stack, vm_id).await;
+    assert!(
+        reached,
+        "{vm_id} never became {state}: {now}\n{}",
+        stack.adapter.log()
+    );
+    now
+}
+
+fn worker_dir(stack: &Stack, vm_id: &str) -> PathBuf {
+    stack.state_dir.path().join("workers").join(vm_id)
+}
+
+/// Every regular file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            found.extend(files_containing(&path, needle));
+        } else if kind.is_file() {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
+    if !bwrap_usable("a_worker_runs_stops_and_keeps_its_state_and_root_across_starts") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    let prepared = prepare(&stack, "api", &project.path("project/svc")).await;
+    assert_eq!(prepared["state"], "prepared", "{prepared}");
+    assert_eq!(
+        PathBuf::from(prepared["state_dir"].as_str().unwrap()),
+        worker_dir(&stack, "api")
+    );
+    assert_eq!(status(&stack, "api").await["state"], "prepared");
+    assert_eq!(
+        prepare(&stack, "api", &project.path("project/svc")).await,
+        prepared,
+        "prepare is idempotent"
+    );
+
+    let script = "echo started; \
+        [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
+        [ -f /state/f ] && echo state-kept; echo data > /state/f; \
+        while true; do echo tick; sleep 0.2; done";
+    let started = start_sh(&stack, "api", script, json!({})).await;
+    assert_eq!(started["state"], "running", "{started}");
+    assert!(started["pid"].as_u64().is_some(), "{started}");
+    assert!(
+        started["started_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{started}"
+    );
+    let again = start_sh(&stack, "api", "exit 3", json!({})).await;
+    assert_eq!(
+        again["pid"], started["pid"],
+        "start on a running VM answers its status"
+    );
+    let now = status(&stack, "api").await;
+    assert_eq!(now["state"], "running");
+    assert_eq!(now["pid"], started["pid"]);
+    assert_eq!(now["image"], "python");
+    wait_log(&stack, "api", "tick", 3).await;
+    let first = log_of(&stack, "api").await;
+    assert!(
+        !first.contains("state-kept") && !first.contains("root-kept"),
+        "{first}"
+    );
+    let limited = worker_ok(&stack, "logs", json!({"vm_id": "api", "max_bytes": 5})).await;
+    assert_eq!(limited["content"].as_str().unwrap().len(), 5, "{limited}");
+    assert_eq!(limited["truncated"], true);
+
+    let stopped = worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    let now = status(&stack, "api").await;
+    assert_eq!(now["state"], "stopped", "{now}");
+    assert!(now.get("pid").is_none(), "no pid once stopped: {now}");
+    let pid = started["pid"].as_u64().unwrap();
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the VM process outlived stop"
+    );
+    assert_eq!(
+        worker_ok(&stack, "stop", json!({"vm_id": "api"})).await["state"],
+        "stopped",
+        "stop is idempotent"
+    );
+    assert!(
+        worker_dir(&stack, "api").join("data/f").is_file(),
+        "/state is the host's data/"
+    );
+
+    start_sh(&stack, "api", script, json!({})).await;
+    let log = wait_log(&stack, "api", "started", 2).await;
+    wait_log(&stack, "api", "state-kept", 1).await;
+    let log = if log.contains("root-kept") {
+        log
+    } else {
+        wait_log(&stack, "api", "root-kept", 1).await
+    };
+    assert!(log.contains("root-kept"), "{log}");
+    worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_paths_outside_the_roots_are_s501_naming_the_roots() {
+    if !bwrap_usable("host_paths_outside_the_roots_are_s501_naming_the_roots") {
+        return;
+    }
+    let project = Project::new();
+    std::os::unix::fs::symlink(project.path("outside"), project.path("project/escape")).unwrap();
+    let stack = start_stack(&project, false).await;
+    let root = project.dir().canonicalize().unwrap().display().to_string();
+    let outside = [
+        project.path("outside"),
+        project.path("project/svc/../../outside"),
+        project.path("project/escape"),
+        project.path("project/missing"),
+        PathBuf::from("/"),
+        PathBuf::from("relative"),
+    ];
+    for host_path in outside {
+        let (code, message) = worker_err(
+            &stack,
+            "prepare",
+            json!({"vm_id": "w", "image": "python", "host_path": host_path}),
+        )
+        .await;
+        assert_eq!(code, "S501", "{}: {message}", host_path.display());
+        assert!(
+            message.contains(&root),
+            "the message names the roots: {message}"
+        );
+    }
+    assert!(!worker_dir(&stack, "w").exists(), "nothing prepared");
+    // The package cache is a root too.
+    prepare(&stack, "pkg", &project.path("state/packages")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_roots_configured_refuses_every_host_path() {
+    if !bwrap_usable("no_roots_configured_refuses_every_host_path") {
+        return;
+    }
+    let project = Project::new();
+    let options = AdapterOptions {
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            // No Compose dir, and a HOME without ~/.iii/compose/packages.
+            ("HOME".into(), project.path("outside").display().to_string()),
+        ],
+        ..AdapterOptions::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    wait_for_worker_functions(&stack).await;
+    let (code, message) = worker_err(
+        &stack,
+        "prepare",
+        json!({"vm_id": "w", "image": "python", "host_path": project.dir()}),
+    )
+    .await;
+    assert_eq!(code, "S501", "{message}");
+    assert!(message.contains("III_COMPOSE_DIR"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_compose_file_is_invisible_and_worker_is_read_only() {
+    if !bwrap_usable("the_compose_file_is_invisible_and_worker_is_read_only") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, true).await;
+    let script = "echo \"ls: $(ls -a . | tr '\\n' ' ')\"; \
+        cat iii.yaml && echo CAT-OK || echo CAT-FAILED; \
+        cat main.txt; \
+        touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
+        echo x >> main.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
+        echo DONE; exit 7";
+    // host_path = the Compose dir itself.
+    prepare(&stack, "direct", &project.dir()).await;
+    start_sh(&stack, "direct", script, json!({})).await;
+    let done = wait_state(&stack, "direct", "exited").await;
+    assert_eq!(done["exit_code"], 7, "{done}");
+    assert!(done.get("pid").is_none(), "{done}");
+    let log = log_of(&stack, "direct").await;
+    assert!(log.contains("DONE"), "{log}");
+    let listing = log
+        .lines()
+        .find(|l| l.starts_with("ls:"))
+        .unwrap_or_default();
+    assert!(!listing.contains("iii.yaml"), "{log}");
+    assert!(
+        listing.contains("main.txt") && listing.contains("svc"),
+        "{log}"
+    );
+    assert!(
+        log.contains("CAT-FAILED") && !log.contains("compose-secret"),
+        "{log}"
+    );
+    assert!(log.contains("hello from the host"), "{log}");
+    assert!(
+        log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
+        "{log}"
+    );
+    assert!(!project.dir().join("new").exists());
+    assert_eq!(
+        std::fs::read_to_string(project.dir().join("main.txt")).unwrap(),
+        "hello from the host\n"
+    );
+
+    // host_path = a declared worker dir that holds the Compose dir deeper down.
+    prepare(&stack, "parent", project.base.path()).await;
+    let script = "cd project; \
+        echo \"ls: $(ls -a . | tr '\\n' ' ')\"; \
+        cat iii.yaml && echo CAT-OK || echo CAT-FAILED; \
+        cat main.txt svc/lib/mod.txt ../outside/x.txt; \
+        touch /worker/project/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
+        exit 0";
+    start_sh(&stack, "parent", script, json!({})).await;
+    let done = wait_state(&stack, "parent", "exited").await;
+    assert_eq!(done["exit_code"], 0, "{done}");
+    let log = log_of(&stack, "parent").await;
+    let listing = log
+        .lines()
+        .find(|l| l.starts_with("ls:"))
+        .unwrap_or_default();
+    assert!(
+        !listing.contains("iii.yaml") && listing.contains("main.txt"),
+        "{log}"
+    );
+    assert!(
+        log.contains("CAT-FAILED") && !log.contains("compose-secret"),
+        "{log}"
+    );
+    for text in ["hello from the host", "deep file", "outside"] {
+        assert!(log.contains(text), "{text}: {log}");
+    }
+    assert!(log.contains("WRITE-FAILED"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_token_never_reaches_a_guest_or_the_disk() {
+    if !bwrap_usable("the_token_never_reaches_a_guest_or_the_disk") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "env", &project.dir()).await;
+    let env = json!({
+        "III_SANDBOX_WORKER_TOKEN": TOKEN,
+        "SNEAKY": TOKEN,
+        "WRAPPED": format!("Bearer {TOKEN}"),
+        "KEPT": "visible",
+    });
+    start_sh(
+        &stack,
+        "env",
+        "env; echo ENV-DONE; cat /proc/1/environ >/dev/null 2>&1; exit 0",
+        env,
+    )
+    .await;
+    wait_state(&stack, "env", "exited").await;
+    let log = log_of(&stack, "env").await;
+    assert!(log.contains("ENV-DONE"), "{log}");
+    assert!(!log.contains(TOKEN), "the token reached the guest: {log}");
+    assert!(
+        !log.contains("SNEAKY=") && !log.contains("WRAPPED="),
+        "{log}"
+    );
+    assert!(log.contains("KEPT=visible"), "{log}");
+    assert!(log.contains("III_WORKER_VM_ID=env"), "{log}");
+    let url = stack.engine.url();
+    assert!(
+        log.contains(&format!("III_URL={url}")),
+        "the engine's address {url}: {log}"
+    );
+
+    // The token in the command itself is refused, without echoing it.
+    let (code, message) = worker_err(
+        &stack,
+        "start",
+        json!({"vm_id": "env", "command": ["/bin/echo", TOKEN]}),
+    )
+    .await;
+    assert_eq!(code, "S001");
+    assert!(!message.contains(TOKEN), "{message}");
+
+    let leaks = files_containing(stack.state_dir.path(), TOKEN.as_bytes());
+    assert!(leaks.is_empty(), "files holding the token: {leaks:?}");
+    assert!(
+        !stack.adapter.log().contains(TOKEN),
+        "the adapter logged the token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_workers_start_again_after_the_adapter_is_killed() {
+    if !bwrap_usable("running_workers_start_again_after_the_adapter_is_killed") {
+        return;
+    }
+    let project = Project::new();
+    let mut stack = start_stack(&project, false).await;
+    prepare(&stack, "svc", &project.path("project/svc")).await;
+    prepare(&stack, "idle", &project.path("project/svc")).await;
+    let script = "echo started; echo run >> /state/runs; while true; do sleep 0.2; done";
+    let first = start_sh(&stack, "svc", script, json!({})).await;
+    wait_log(&stack, "svc", "started", 1).await;
+    let old_pid = first["pid"].as_u64().unwrap();
+
+    stack.adapter.kill9();
+    let gone = eventually(Duration::from_secs(10), || async {
+        !Path::new(&format!("/proc/{old_pid}")).exists()
+    })
+    .await;
+    assert!(gone, "the worker VM outlived its adapter");
+    let info_id = format!("{PREFIX}::adapter::info");
+    let unregistered = eventually(Duration::from_secs(30), || async {
+        stack
+            .client
+            .invoke(
+                "engine::functions::info",
+                json!({ "function_id": info_id }),
+                Duration::from_secs(10),
+            )
+            .await
+            .is_err()
+    })
+    .await;
+    assert!(unregistered, "the engine kept the dead adapter's functions");
+    stack.adapter = Adapter::spawn(&stack.engine.url(), &project.options(false));
+    wait_for_worker_functions(&stack).await;
+
+    wait_log(&stack, "svc", "started", 2).await;
+    let now = wait_state(&stack, "svc", "running").await;
+    let new_pid = now["pid"].as_u64().expect("a pid once restarted");
+    assert_ne!(new_pid, old_pid, "{now}");
+    let runs = std::fs::read_to_string(worker_dir(&stack, "svc").join("data/runs")).unwrap();
+    assert_eq!(runs, "run\nrun\n");
+    assert_eq!(
+        status(&stack, "idle").await["state"],
+        "prepared",
+        "only running workers restart"
+    );
+    worker_ok(&stack, "stop", json!({"vm_id": "svc", "timeout_ms": 2000})).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn destroy_deletes_the_state_and_unknown_ids_are_handled() {
+    if !bwrap_usable("destroy_deletes_the_state_and_unknown_ids_are_handled") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    let (code, _) = worker_err(
+        &stack,
+        "start",
+        json!({"vm_id": "never", "command": ["true"]}),
+    )
+    .await;
+    assert_eq!(code, "S002", "start of a never-prepared VM");
+    for op in ["status", "logs", "stop"] {
+        let (code, _) = worker_err(&stack, op, json!({"vm_id": "never"})).await;
+        assert_eq!(code, "S002", "{op} of a never-prepared VM");
+    }
+    prepare(&stack, "gone", &project.dir()).await;
+    start_sh(&stack, "gone", "while true; do sleep 0.2; done", json!({})).await;
+    let pid = status(&stack, "gone").await["pid"].as_u64().unwrap();
+    assert!(worker_dir(&stack, "gone").is_dir());
+    let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "gone"})).await;
+    assert_eq!(destroyed, json!({"vm_id": "gone", "destroyed": true}));
+    assert!(!worker_dir(&stack, "gone").exists(), "state dir deleted");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "VM stopped");
+    let again = worker_ok(&stack, "destroy", json!({"vm_id": "gone"})).await;
+    assert_eq!(again["destroyed"], false, "destroy is idempotent");
+    let (code, _) = worker_err(&stack, "status", json!({"vm_id": "gone"})).await;
+    assert_eq!(code, "S002");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_worker_payloads_are_s001_and_the_adapter_keeps_serving() {
+    if !bwrap_usable("malformed_worker_payloads_are_s001_and_the_adapter_keeps_serving") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "ok", &project.dir()).await;
+    let dir = project.dir();
+    let cases = [
+        (
+            "prepare",
+            json!({"vm_id": "Bad", "image": "python", "host_path": dir}),
+        ),
+        (
+            "prepare",
+            json!({"vm_id": "-a", "image": "python", "host_path": dir}),
+        ),
+        (
+            "prepare",
+            json!({"vm_id": "a".repeat(64), "image": "python", "host_path": dir}),
+        ),
+        (
+            "prepare",
+            json!({"vm_id": "a/b", "image": "python", "host_path": dir}),
+        ),
+        ("prepare", json!({"vm_id": "w", "host_path": dir})),
+        (
+            "prepare",
+            json!({"vm_id": "w", "image": 5, "host_path": dir}),
+        ),
+        (
+            "prepare",
+            json!({"vm_id": "w", "image": "python", "host_path": dir, "cpus": "two"}),
+        ),
+        (
+            "prepare",
+            json!({"vm_id": "w", "image": "python", "host_path": dir, "cpus": 0}),
+        ),
+        ("start", json!({"vm_id": "ok"})),
+        ("start", json!({"vm_id": "ok", "command": []})),
+        ("start", json!({"vm_id": "ok", "command": "echo hi"})),
+        ("start", json!({"vm_id": "ok", "command": [1, 2]})),
+        (
+            "start",
+            json!({"vm_id": "ok", "command": ["true"], "env": 3}),
+        ),
+        (
+            "start",
+            json!({"vm_id": "ok", "command": ["true"], "workdir": "relative"}),
+        ),
+        ("status", json!({"vm_id": 7})),
+        ("status", json!({})),
+        ("logs", json!({"vm_id": "ok", "max_bytes": -1})),
+        ("logs", json!({"vm_id": "ok", "max_bytes": 0})),
+        ("stop", json!({"vm_id": "ok", "timeout_ms": "soon"})),
+        ("destroy", json!({"vm_id": null})),
+        ("destroy", json!({"vm_id": ".."})),
+    ];
+    for (op, payload) in cases {
+        let shown = payload.to_string();
+        let (code, message) = worker_err(&stack, op, payload).await;
+        assert_eq!(code, "S001", "worker::{op} {shown}: {message}");
+    }
+    // Not even an object.
+    let error = stack
+        .call("worker::status", json!(["auth", TOKEN]))
+        .await
+        .expect_err("an array payload");
+    assert!(
+        ["S001", "S505"].contains(&s_code(&error).as_str()),
+        "{error:?}"
+    );
+    assert_eq!(status(&stack, "ok").await["state"], "prepared");
+    let info = stack
+        .call("adapter::info", json!({}))
+        .await
+        .expect("adapter::info");
+    assert!(
+        info["features"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("worker_vms")),
+        "{info}"
+    );
+}
