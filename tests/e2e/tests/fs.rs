@@ -7,48 +7,19 @@
 mod sandbox_support;
 
 use base64::Engine as _;
-use e2e_tests::{bwrap_usable, RemoteError, Stack};
+use e2e_tests::{bwrap_usable, Stack};
 use std::time::Duration;
 
 use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
-use sandbox_support::{create, eventually, exec_ok, expect_err, live_ids, sh, stop};
+use sandbox_support::{
+    create, eventually, exec_ok, expect_err, fs, fs_err, fs_ok, live_ids, sh, stdout_of, stop,
+};
 use serde_json::{json, Value};
 
 const MIB: usize = 1024 * 1024;
 
-/// `fs::<verb>` on sandbox `id` with `fields`.
-async fn fs(stack: &Stack, verb: &str, id: &str, fields: Value) -> Result<Value, RemoteError> {
-    let mut payload = json!({ "sandbox_id": id });
-    if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
-        base.extend(fields);
-    }
-    stack.call(&format!("fs::{verb}"), payload).await
-}
-
-/// `fs::<verb>` that must succeed.
-async fn fs_ok(stack: &Stack, verb: &str, id: &str, fields: Value) -> Value {
-    let shown = fields.to_string();
-    fs(stack, verb, id, fields)
-        .await
-        .unwrap_or_else(|e| panic!("fs::{verb} {shown}: {e:?}\n{}", stack.adapter.log()))
-}
-
-/// `fs::<verb>` that must fail with `code`; its error body.
-async fn fs_err(stack: &Stack, verb: &str, id: &str, fields: Value, code: &str) -> Value {
-    let what = format!("fs::{verb} {fields}");
-    let (got, body) = expect_err(fs(stack, verb, id, fields).await, &what);
-    assert_eq!(got, code, "{what}: {body}");
-    body
-}
-
 async fn stat(stack: &Stack, id: &str, path: &str) -> Value {
     fs_ok(stack, "stat", id, json!({ "path": path })).await
-}
-
-async fn stdout_of(stack: &Stack, id: &str, script: &str) -> String {
-    let result = exec_ok(stack, id, sh(script)).await;
-    assert_eq!(result["exit_code"], 0, "{script}: {result}");
-    result["stdout"].as_str().unwrap_or_default().to_string()
 }
 
 fn names(listing: &Value) -> Vec<String> {

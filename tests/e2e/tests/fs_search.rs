@@ -8,38 +8,9 @@
 
 mod sandbox_support;
 
-use e2e_tests::{bwrap_usable, RemoteError, Stack};
-use sandbox_support::{create, exec_ok, expect_err, sh, stop};
+use e2e_tests::{bwrap_usable, Stack};
+use sandbox_support::{create, expect_err, fs_err, fs_ok, stdout_of, stop};
 use serde_json::{json, Value};
-
-/// `fs::<verb>` on sandbox `id` with `fields`.
-async fn fs(stack: &Stack, verb: &str, id: &str, fields: Value) -> Result<Value, RemoteError> {
-    let mut payload = json!({ "sandbox_id": id });
-    if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
-        base.extend(fields);
-    }
-    stack.call(&format!("fs::{verb}"), payload).await
-}
-
-async fn fs_ok(stack: &Stack, verb: &str, id: &str, fields: Value) -> Value {
-    let shown = fields.to_string();
-    fs(stack, verb, id, fields)
-        .await
-        .unwrap_or_else(|e| panic!("fs::{verb} {shown}: {e:?}\n{}", stack.adapter.log()))
-}
-
-async fn fs_err(stack: &Stack, verb: &str, id: &str, fields: Value, code: &str) -> Value {
-    let what = format!("fs::{verb} {fields}");
-    let (got, body) = expect_err(fs(stack, verb, id, fields).await, &what);
-    assert_eq!(got, code, "{what}: {body}");
-    body
-}
-
-async fn stdout_of(stack: &Stack, id: &str, script: &str) -> String {
-    let result = exec_ok(stack, id, sh(script)).await;
-    assert_eq!(result["exit_code"], 0, "{script}: {result}");
-    result["stdout"].as_str().unwrap_or_default().to_string()
-}
 
 /// A grep's matches as `(path, line, content)`, and its `truncated` flag.
 async fn grep(stack: &Stack, id: &str, fields: Value) -> (Vec<(String, u64, String)>, bool) {

@@ -1,5 +1,6 @@
-//! Helpers shared by the sandbox lifecycle tests (exec, limits, malformed, reaping, orphans):
-//! creating sandboxes, calling exec, and reading the host's /proc about the adapter.
+//! Helpers shared by the sandbox lifecycle tests (exec, limits, malformed, reaping, orphans,
+//! fs): creating sandboxes, calling exec and `fs::*`, and reading the host's /proc about the
+//! adapter.
 
 #![allow(dead_code)] // each test file uses its own subset
 
@@ -185,4 +186,36 @@ pub fn cgroups_named(name: &str) -> Vec<std::path::PathBuf> {
         .map(|hierarchy| hierarchy.join("sandbox-libkrun").join(name))
         .filter(|dir| dir.is_dir())
         .collect()
+}
+
+/// `fs::<verb>` on sandbox `id` with `fields`.
+pub async fn fs(stack: &Stack, verb: &str, id: &str, fields: Value) -> Result<Value, RemoteError> {
+    let mut payload = json!({ "sandbox_id": id });
+    if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
+        base.extend(fields);
+    }
+    stack.call(&format!("fs::{verb}"), payload).await
+}
+
+/// `fs::<verb>` that must succeed.
+pub async fn fs_ok(stack: &Stack, verb: &str, id: &str, fields: Value) -> Value {
+    let shown = fields.to_string();
+    fs(stack, verb, id, fields)
+        .await
+        .unwrap_or_else(|e| panic!("fs::{verb} {shown}: {e:?}\n{}", stack.adapter.log()))
+}
+
+/// `fs::<verb>` that must fail with `code`; its error body.
+pub async fn fs_err(stack: &Stack, verb: &str, id: &str, fields: Value, code: &str) -> Value {
+    let what = format!("fs::{verb} {fields}");
+    let (got, body) = expect_err(fs(stack, verb, id, fields).await, &what);
+    assert_eq!(got, code, "{what}: {body}");
+    body
+}
+
+/// The stdout of a shell script that must exit 0 in sandbox `id`.
+pub async fn stdout_of(stack: &Stack, id: &str, script: &str) -> String {
+    let result = exec_ok(stack, id, sh(script)).await;
+    assert_eq!(result["exit_code"], 0, "{script}: {result}");
+    result["stdout"].as_str().unwrap_or_default().to_string()
 }
