@@ -2,24 +2,18 @@
 //! agent start to ready, an exec of `/bin/true`, and draining a large output.
 //! Set SANDBOX_AGENT_BIN to measure the static build; otherwise cargo's build is used.
 
+mod common;
+
+use common::{agent_bin, median, start_agent};
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_proto::{AgentClient, ExecSpec};
+use agent_proto::ExecSpec;
 
 const RUNS: usize = 200;
 const BIG: u64 = 256 * 1024 * 1024;
-
-fn agent_bin() -> String {
-    std::env::var("SANDBOX_AGENT_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sandbox-agent").to_string())
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn spec(argv: &[&str]) -> ExecSpec {
     ExecSpec {
@@ -28,23 +22,6 @@ fn spec(argv: &[&str]) -> ExecSpec {
         max_output_bytes: 1024 * 1024,
         ..ExecSpec::default()
     }
-}
-
-async fn start_agent() -> (AgentClient, tokio::process::Child) {
-    let mut child = tokio::process::Command::new(agent_bin())
-        .arg("--stdio")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("agent starts");
-    let (i, o) = (
-        child.stdin.take().expect("in"),
-        child.stdout.take().expect("out"),
-    );
-    let client = AgentClient::connect(o, i).await.expect("hello");
-    (client, child)
 }
 
 fn direct_true() -> Duration {

@@ -3,43 +3,20 @@
 //! trip and the reply's JSON; the tools' include a process spawn.
 //! Set SANDBOX_AGENT_BIN to measure the static build; otherwise cargo's build is used.
 
+mod common;
+
+use common::{agent_bin, median, start_agent};
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_proto::fs::SedTarget;
-use agent_proto::{AgentClient, FsRequest, FsResponse};
+use agent_proto::{FsRequest, FsResponse};
 
 const RUNS: usize = 9;
 const FILES: usize = 400;
 const LINES: usize = 2_000;
-
-fn agent_bin() -> String {
-    std::env::var("SANDBOX_AGENT_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sandbox-agent").to_string())
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-async fn start_agent() -> (AgentClient, tokio::process::Child) {
-    let mut child = tokio::process::Command::new(agent_bin())
-        .arg("--stdio")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("agent starts");
-    let (i, o) = (
-        child.stdin.take().expect("in"),
-        child.stdout.take().expect("out"),
-    );
-    let client = AgentClient::connect(o, i).await.expect("hello");
-    (client, child)
-}
 
 /// FILES files of LINES lines in 20 directories; one line in 500 holds `needle<N>`.
 fn make_tree(root: &Path) -> Vec<String> {
