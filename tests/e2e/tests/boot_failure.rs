@@ -20,15 +20,7 @@ async fn an_agent_that_never_answers_is_s300_with_the_sandbox_log_tail() {
         ..AdapterOptions::default()
     };
     let stack = Stack::start(json!({}), options).await;
-    let error = stack
-        .call("create", json!({"image": "python"}))
-        .await
-        .unwrap_err();
-    assert_eq!(s_code(&error), "S300", "{error:?}");
-    let message = error_body(&error)["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = create_refused_with_s300(&stack).await;
     assert!(
         message.contains("the sandbox agent did not start"),
         "{message}"
@@ -71,16 +63,21 @@ async fn a_missing_launcher_is_reported_by_info_and_create() {
         reason.contains("sandbox-bwrap-launch") && reason.contains("SANDBOX_BWRAP_LAUNCH"),
         "{info}"
     );
+    let message = create_refused_with_s300(&stack).await;
+    assert!(message.contains("sandbox-bwrap-launch"), "{message}");
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["in_flight"], 0, "{list}");
+}
+
+/// A python create that must fail with S300; its message.
+async fn create_refused_with_s300(stack: &Stack) -> String {
     let error = stack
         .call("create", json!({"image": "python"}))
         .await
         .unwrap_err();
     assert_eq!(s_code(&error), "S300", "{error:?}");
-    let message = error_body(&error)["message"]
+    error_body(&error)["message"]
         .as_str()
         .unwrap_or_default()
-        .to_string();
-    assert!(message.contains("sandbox-bwrap-launch"), "{message}");
-    let list = stack.call("list", json!({})).await.expect("list");
-    assert_eq!(list["in_flight"], 0, "{list}");
+        .to_string()
 }
