@@ -31,6 +31,23 @@ pub fn block_handled_signals() -> io::Result<()> {
     Ok(())
 }
 
+/// In a freshly forked child: unblocks every signal. The agent's threads block the handled
+/// signals (SIGTERM among them) and a child inherits that mask across exec; std does not
+/// reset it, and a program that cannot receive SIGTERM cannot be stopped gracefully.
+pub fn unblock_all_signals() -> io::Result<()> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed; sigprocmask is
+    // async-signal-safe (this runs between fork and exec).
+    let rc = unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits for one of the handled signals.
 pub fn wait_signal() -> io::Result<libc::c_int> {
     let set = handled_set();

@@ -268,3 +268,16 @@ async fn extreme_limits_do_not_break_the_agent() {
     let out = run(&agent, s).await;
     assert!(out.stdout.is_empty() && out.stdout_truncated);
 }
+
+#[tokio::test]
+async fn programs_start_with_no_signal_blocked_so_sigterm_reaches_them() {
+    let agent = start_agent().await;
+    let out = run(&agent, spec(&["grep", "SigBlk", "/proc/self/status"])).await;
+    assert_eq!(text(&out.stdout).trim(), "SigBlk:\t0000000000000000");
+    let out = run(
+        &agent,
+        sh("trap 'echo got-term; exit 0' TERM; kill -TERM $$; sleep 5; echo missed"),
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "got-term\n");
+}

@@ -97,10 +97,13 @@ fn build(req: &ExecRequest) -> Result<Command, SpawnError> {
         }
         command.current_dir(dir);
     }
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl,
-    // which is async-signal-safe; it touches no memory shared with other threads.
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
+    // sigprocmask, which are async-signal-safe; it touches no memory shared with other threads.
     unsafe {
-        command.pre_exec(sys::die_with_parent);
+        command.pre_exec(|| {
+            sys::die_with_parent()?;
+            sys::unblock_all_signals()
+        });
     }
     Ok(command)
 }
