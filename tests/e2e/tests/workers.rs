@@ -225,7 +225,7 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
         "prepare is idempotent"
     );
 
-    let script = "echo started; \
+    let script = "trap 'echo got-term; exit 0' TERM; echo started; \
         [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
         [ -f /state/f ] && echo state-kept; echo data > /state/f; \
         while true; do echo tick; sleep 0.2; done";
@@ -261,6 +261,8 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
     assert_eq!(stopped["state"], "stopped", "{stopped}");
     let now = status(&stack, "api").await;
     assert_eq!(now["state"], "stopped", "{now}");
+    let log = log_of(&stack, "api").await;
+    assert!(log.contains("got-term"), "stop sends SIGTERM first: {log}");
     assert!(now.get("pid").is_none(), "no pid once stopped: {now}");
     let pid = started["pid"].as_u64().unwrap();
     assert!(
@@ -648,4 +650,31 @@ async fn malformed_worker_payloads_are_s001_and_the_adapter_keeps_serving() {
             .contains(&json!("worker_vms")),
         "{info}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_program_that_ignores_sigterm_is_killed_after_the_timeout() {
+    if !bwrap_usable("a_program_that_ignores_sigterm_is_killed_after_the_timeout") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "stubborn", &project.dir()).await;
+    // Ignored signals stay ignored in children: `sleep` ignores SIGTERM too.
+    let script = "trap '' TERM; echo up; while true; do sleep 0.2; done; echo never";
+    let started = start_sh(&stack, "stubborn", script, json!({})).await;
+    wait_log(&stack, "stubborn", "up", 1).await;
+    let pid = started["pid"].as_u64().unwrap();
+    let stopped = worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "stubborn", "timeout_ms": 300}),
+    )
+    .await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the VM survived the forced stop"
+    );
+    assert_eq!(status(&stack, "stubborn").await["state"], "stopped");
 }

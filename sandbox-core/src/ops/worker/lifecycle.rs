@@ -29,6 +29,10 @@ const WRAPPER: &str = "exec \"$@\" >>/iii-logs/worker.log 2>&1";
 const AGENT_GOODBYE: Duration = Duration::from_secs(2);
 /// How long a teardown may take once the VM is killed.
 const TEARDOWN_LIMIT: Duration = Duration::from_secs(30);
+/// A log past this size at a start is cut to its last [`LOG_KEPT_BYTES`]: a worker that
+/// restarts for months must not fill the disk.
+const LOG_TRIM_BYTES: u64 = 16 * 1024 * 1024;
+const LOG_KEPT_BYTES: u64 = 1024 * 1024;
 
 /// One boot of a worker VM.
 pub struct Run {
@@ -114,6 +118,13 @@ async fn boot<B: Backend>(
         .dirs
         .create(&vm_id)
         .map_err(|e| boot_error("cannot create the worker's state directory", e))?;
+    if let Err(e) = trim_log(
+        &workers.dirs.log_file(&vm_id),
+        LOG_TRIM_BYTES,
+        LOG_KEPT_BYTES,
+    ) {
+        tracing::warn!(vm_id, error = %e, "cannot trim a worker VM's log");
+    }
     let layer = workers.dirs.layer(&vm_id);
     // What an adapter that died (kill -9) may have left of this VM's last boot.
     crate::layer::kill_recorded_process(&layer);
@@ -290,9 +301,38 @@ pub fn tail(path: &Path, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
     Ok((content, start > 0))
 }
 
+/// Cuts `path` to its last `keep` bytes when it is over `limit` (nothing writes to it: the
+/// VM is not running).
+fn trim_log(path: &Path, limit: u64, keep: u64) -> io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.len() > limit => {}
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    let (content, _) = tail(path, keep)?;
+    let temporary = path.with_extension("log.tmp");
+    std::fs::write(&temporary, content)?;
+    std::fs::rename(&temporary, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_over_the_limit_keeps_its_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker.log");
+        trim_log(&log, 4, 2).unwrap();
+        assert!(!log.exists());
+        std::fs::write(&log, b"abcd").unwrap();
+        trim_log(&log, 4, 2).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"abcd");
+        std::fs::write(&log, b"abcde").unwrap();
+        trim_log(&log, 4, 2).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"de");
+    }
 
     #[test]
     fn tail_keeps_the_last_bytes_and_says_when_it_cut() {
