@@ -17,6 +17,9 @@ mod roots;
 pub mod schema;
 mod tree;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;
