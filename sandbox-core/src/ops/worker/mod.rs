@@ -401,7 +401,16 @@ async fn destroy<B: Backend>(
             .remove(&vm_id)
             .map_err(|e| internal(&vm_id, "delete the state directory of", e))?
     };
-    lock(&workers.op_locks).remove(&vm_id);
+    // Forget the lock unless another call waits on it (it holds a clone): it must keep
+    // serialising with whoever comes next.
+    let mut op_locks = lock(&workers.op_locks);
+    if op_locks
+        .get(&vm_id)
+        .is_some_and(|l| Arc::strong_count(l) <= 2)
+    {
+        op_locks.remove(&vm_id);
+    }
+    drop(op_locks);
     if destroyed {
         tracing::info!(vm_id, "worker VM destroyed");
     }
