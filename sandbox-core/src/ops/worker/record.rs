@@ -4,7 +4,8 @@
 //! restarts), `data/` (the guest's `/state`) and `logs/worker.log` (the program's output).
 //! The worker token is never written here.
 
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -126,7 +127,17 @@ impl WorkerDirs {
         let dir = self.dir(&record.vm_id);
         let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
         let temporary = dir.join(format!("{RECORD_FILE}.tmp"));
-        std::fs::write(&temporary, json)?;
+        // Owner-only: the guest environment may hold the project's other secrets. A leftover
+        // temporary file would keep its old mode.
+        let _ = std::fs::remove_file(&temporary);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
+        file.write_all(&json)?;
+        drop(file);
         std::fs::rename(&temporary, dir.join(RECORD_FILE))
     }
 
@@ -237,6 +248,13 @@ mod tests {
         };
         dirs.save(&record).unwrap();
         assert_eq!(dirs.load("w1").unwrap(), Some(record));
+        let mode = std::fs::metadata(dirs.dir("w1").join(RECORD_FILE))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         assert_eq!(dirs.ids(), vec!["w1".to_string()]);
         assert!(dirs.remove("w1").unwrap());
         assert!(!dirs.remove("w1").unwrap());
