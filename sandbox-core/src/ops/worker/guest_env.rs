@@ -10,6 +10,9 @@ pub const DEFAULT_URL: &str = "ws://127.0.0.1:49134";
 /// The worker VM's own id, for the guest.
 pub const VM_ID_ENV: &str = "III_WORKER_VM_ID";
 
+/// Tokens at least this long are also found inside longer text (`Bearer <token>`).
+pub const SUBSTRING_MIN: usize = 8;
+
 /// Recognises the token wherever a request might try to smuggle it into a guest.
 #[derive(Clone, Default)]
 pub struct TokenFilter(Option<String>);
@@ -29,9 +32,16 @@ impl TokenFilter {
         Self(token.filter(|t| !t.is_empty()))
     }
 
-    /// Whether `text` holds the token anywhere.
+    /// Whether `text` holds the token: anywhere in it, or, for a token shorter than
+    /// [`SUBSTRING_MIN`] (which would turn up in ordinary text), as the whole of it.
     pub fn mentions(&self, text: &str) -> bool {
-        self.0.as_deref().is_some_and(|token| text.contains(token))
+        self.0.as_deref().is_some_and(|token| {
+            if token.len() >= SUBSTRING_MIN {
+                text.contains(token)
+            } else {
+                text == token
+            }
+        })
     }
 
     /// `env` without the token's variable and without any value holding the token.
@@ -83,15 +93,17 @@ mod tests {
 
     #[test]
     fn the_token_is_removed_by_name_and_by_value() {
-        let filter = TokenFilter::new(Some("t0k3n".into()));
+        let filter = TokenFilter::new(Some("t0k3n-long".into()));
         let env = pairs(&[
             (TOKEN_ENV, "anything"),
-            ("SNEAKY", "t0k3n"),
-            ("BEARER", "Bearer t0k3n"),
+            ("SNEAKY", "t0k3n-long"),
+            ("BEARER", "Bearer t0k3n-long"),
             ("KEEP", "1"),
         ]);
         assert_eq!(filter.clean(env), pairs(&[("KEEP", "1")]));
         assert!(!TokenFilter::new(None).mentions(""));
+        let short = TokenFilter::new(Some("t".into()));
+        assert!(short.mentions("t") && !short.mentions("echo test"));
         assert!(!TokenFilter::new(Some(String::new())).mentions("x"));
     }
 
