@@ -224,6 +224,13 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
         prepared,
         "prepare is idempotent"
     );
+    // A prepared (not running) VM takes a new host_path, and the old one back.
+    prepare(&stack, "api", &project.path("project/svc/lib")).await;
+    assert_eq!(
+        PathBuf::from(status(&stack, "api").await["host_path"].as_str().unwrap()),
+        project.path("project/svc/lib")
+    );
+    prepare(&stack, "api", &project.path("project/svc")).await;
 
     let script = "trap 'echo got-term; exit 0' TERM; echo started; \
         [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
@@ -238,6 +245,14 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
             .is_some_and(|t| t.ends_with('Z')),
         "{started}"
     );
+    let (code, message) = worker_err(
+        &stack,
+        "prepare",
+        json!({"vm_id": "api", "image": "node", "host_path": project.path("project/svc")}),
+    )
+    .await;
+    assert_eq!(code, "S001", "a running VM keeps its image: {message}");
+    assert!(message.contains("stop it first"), "{message}");
     let again = start_sh(&stack, "api", "exit 3", json!({})).await;
     assert_eq!(
         again["pid"], started["pid"],
@@ -425,6 +440,12 @@ async fn the_compose_file_is_invisible_and_worker_is_read_only() {
         assert!(log.contains(text), "{text}: {log}");
     }
     assert!(log.contains("WRITE-FAILED"), "{log}");
+
+    // An exited VM starts again; the exit code is the new run's.
+    start_sh(&stack, "parent", "echo second-run; exit 4", json!({})).await;
+    wait_log(&stack, "parent", "second-run", 1).await;
+    let done = wait_state(&stack, "parent", "exited").await;
+    assert_eq!(done["exit_code"], 4, "{done}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -530,6 +551,41 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
         "prepared",
         "only running workers restart"
     );
+
+    // An orderly shutdown (SIGTERM) ends the VM too, and leaves it to be started again.
+    let status_code = stack
+        .adapter
+        .terminate()
+        .expect("the adapter exits on SIGTERM");
+    assert!(
+        status_code.success(),
+        "{status_code:?}\n{}",
+        stack.adapter.log()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{new_pid}")).exists(),
+        "the worker VM outlived an orderly shutdown"
+    );
+    let unregistered = eventually(Duration::from_secs(30), || async {
+        stack
+            .client
+            .invoke(
+                "engine::functions::info",
+                json!({ "function_id": info_id }),
+                Duration::from_secs(10),
+            )
+            .await
+            .is_err()
+    })
+    .await;
+    assert!(
+        unregistered,
+        "the engine kept the stopped adapter's functions"
+    );
+    stack.adapter = Adapter::spawn(&stack.engine.url(), &project.options(false));
+    wait_for_worker_functions(&stack).await;
+    wait_log(&stack, "svc", "started", 3).await;
+    wait_state(&stack, "svc", "running").await;
     worker_ok(&stack, "stop", json!({"vm_id": "svc", "timeout_ms": 2000})).await;
 }
 
