@@ -17,14 +17,22 @@ pub struct Dispatcher {
     pub trace_payloads: bool,
 }
 
-/// Registers `<prefix>::<id>` for every function of the manifest.
+/// The function every plugin serves; registered last, so a caller (or a test) that finds it
+/// on the bus can call every other function too: registrations travel in order on our one
+/// connection.
+const READINESS_FUNCTION: &str = "adapter::info";
+
+/// Registers `<prefix>::<id>` for every function of the manifest, `adapter::info` last.
 pub fn register_all(
     iii: &IIIClient,
     prefix: &str,
     functions: &[FunctionSpec],
     dispatcher: Arc<Dispatcher>,
 ) {
-    for spec in functions {
+    let (marker, rest): (Vec<_>, Vec<_>) = functions
+        .iter()
+        .partition(|spec| spec.id == READINESS_FUNCTION);
+    for spec in rest.into_iter().chain(marker) {
         let full_id = format!("{prefix}::{}", spec.id);
         let suffix: Arc<str> = spec.id.as_str().into();
         let guarded = spec.token_guarded;

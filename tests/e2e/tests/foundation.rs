@@ -85,7 +85,8 @@ async fn libkrun_plugin_answers_info_registers_its_schemas_and_its_worker_name()
         }
     }
 
-    // Every manifest function is registered under the plugin's name, with its schemas.
+    // Every manifest function is registered under the plugin's name, with its schemas, as
+    // soon as adapter::info answers (the shell registers it last).
     for spec in &manifest.functions {
         let id = format!("sandbox-libkrun::{}", spec.id);
         let registered = bare
