@@ -31,13 +31,7 @@ pub struct BwrapBackend {
 
 impl BwrapBackend {
     pub fn new() -> Self {
-        let launcher = std::env::var_os(LAUNCHER_ENV)
-            .map(PathBuf::from)
-            .or_else(|| {
-                let exe = std::env::current_exe().ok()?;
-                Some(exe.parent()?.join(LAUNCHER))
-            })
-            .unwrap_or_else(|| PathBuf::from(LAUNCHER));
+        let launcher = sandbox_core::helper_program(LAUNCHER_ENV, LAUNCHER);
         cgroup::sweep_unused_launcher_groups();
         Self {
             bwrap: find_in_path("bwrap"),

@@ -32,14 +32,9 @@ pub struct LibkrunBackend {
 impl LibkrunBackend {
     /// Uses `$SANDBOX_LIBKRUN_VM`, else `sandbox-libkrun-vm` next to the current executable.
     pub fn new() -> Self {
-        let runner = std::env::var_os(RUNNER_ENV)
-            .map(PathBuf::from)
-            .or_else(|| {
-                let exe = std::env::current_exe().ok()?;
-                Some(exe.parent()?.join(RUNNER))
-            })
-            .unwrap_or_else(|| PathBuf::from(RUNNER));
-        Self { runner }
+        Self {
+            runner: sandbox_core::helper_program(RUNNER_ENV, RUNNER),
+        }
     }
 
     pub fn with_runner(runner: PathBuf) -> Self {

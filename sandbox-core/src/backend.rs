@@ -161,3 +161,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Called on stop and when reconciling leftovers of an earlier run.
     fn release_layer(&self, _layer_dir: &Path) {}
 }
+
+/// A helper program of the adapter: `$env` when set, else `name` next to the running
+/// executable (the shell, which the plugins are loaded into), else `name` on the PATH.
+pub fn helper_program(env: &str, name: &str) -> PathBuf {
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .or_else(|| Some(std::env::current_exe().ok()?.parent()?.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}

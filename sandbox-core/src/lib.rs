@@ -36,8 +36,8 @@ mod registry;
 pub mod request;
 
 pub use backend::{
-    log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess, GuestMount,
-    HostUnfit, Mount, SandboxProcess,
+    helper_program, log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess,
+    GuestMount, HostUnfit, Mount, SandboxProcess,
 };
 pub use config::Config;
 pub use error::SandboxError;

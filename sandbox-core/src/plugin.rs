@@ -144,11 +144,5 @@ impl<B: Backend> Plugin for SandboxPlugin<B> {
 }
 
 fn agent_path() -> PathBuf {
-    if let Some(path) = std::env::var_os(AGENT_PATH_ENV) {
-        return PathBuf::from(path);
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-agent")))
-        .unwrap_or_else(|| PathBuf::from("sandbox-agent"))
+    crate::backend::helper_program(AGENT_PATH_ENV, "sandbox-agent")
 }
