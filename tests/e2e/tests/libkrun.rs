@@ -332,6 +332,146 @@ async fn boot_failure_is_s300_with_the_cause() {
     assert!(live_ids(&stack).await.is_empty());
 }
 
+/// The worker token of the worker VM test.
+const WORKER_TOKEN: &str = "krun-wk-tok-3b8e51d0c7a94f26-never-in-a-guest";
+
+/// `worker::<op>` with the token; panics with the adapter's log on an error.
+async fn worker_ok(stack: &Stack, op: &str, mut payload: Value) -> Value {
+    payload["auth"] = json!(WORKER_TOKEN);
+    let shown = payload.to_string();
+    stack
+        .call(&format!("worker::{op}"), payload)
+        .await
+        .unwrap_or_else(|e| panic!("worker::{op} {shown}: {e:?}\n{}", stack.adapter.log()))
+}
+
+async fn worker_log(stack: &Stack, vm_id: &str) -> String {
+    let logs = worker_ok(stack, "logs", json!({ "vm_id": vm_id })).await;
+    logs["content"].as_str().expect("logs.content").to_string()
+}
+
+/// Waits until the worker's log holds `needle` `times` times; the log as it then was.
+async fn wait_worker_log(stack: &Stack, vm_id: &str, needle: &str, times: usize) -> String {
+    let found = eventually(Duration::from_secs(90), || async {
+        worker_log(stack, vm_id).await.matches(needle).count() >= times
+    })
+    .await;
+    let log = worker_log(stack, vm_id).await;
+    assert!(
+        found,
+        "{needle:?} x{times} never showed in the log of {vm_id}: {log}\n{}",
+        stack.adapter.log()
+    );
+    log
+}
+
+/// A worker VM as a microVM: `/worker` is the Compose dir without `iii.yaml` (a read-only
+/// tmpfs holding read-only binds, made by the runner inside the root and seen through the
+/// root's virtio-fs share), `/state` is the host's data dir, and the root layer persists
+/// across stop and start.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
+    let test = "worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root";
+    let project = tempfile::tempdir().expect("tempdir");
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).expect("compose dir");
+    std::fs::write(
+        compose.join("iii.yaml"),
+        "workers: {secret: compose-secret}\n",
+    )
+    .unwrap();
+    std::fs::write(compose.join("app.txt"), "hello from the host\n").unwrap();
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), WORKER_TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
+        ],
+        ..Default::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    for op in ["prepare", "start", "status", "logs", "stop", "destroy"] {
+        let id = format!("{}::worker::{op}", e2e_tests::PREFIX);
+        let ready = stack
+            .client
+            .wait_for_function(&id, None, Duration::from_secs(60))
+            .await;
+        assert!(ready.is_ok(), "{id}: {ready:?}\n{}", stack.adapter.log());
+    }
+    let prepared = worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "api", "image": "python", "host_path": compose}),
+    )
+    .await;
+    assert_eq!(prepared["state"], "prepared", "{prepared}");
+    let script = "ls /worker; cat /worker/app.txt; \
+        touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
+        echo x >> /worker/app.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
+        [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
+        echo hi > /state/out; echo ready; sleep 1000";
+    let start = json!({"vm_id": "api", "command": ["sh", "-c", script]});
+
+    let started_at = Instant::now();
+    let started = worker_ok(&stack, "start", start.clone()).await;
+    let start_ms = ms_since(started_at);
+    assert_eq!(started["state"], "running", "{started}");
+    let log = wait_worker_log(&stack, "api", "ready", 1).await;
+    let ready_ms = ms_since(started_at);
+    assert!(log.contains("app.txt"), "/worker is listed: {log}");
+    assert!(
+        !log.contains("iii.yaml"),
+        "the Compose file is hidden: {log}"
+    );
+    assert!(!log.contains("compose-secret"), "{log}");
+    assert!(log.contains("hello from the host"), "{log}");
+    assert!(!log.contains("root-kept"), "a fresh root: {log}");
+    assert!(
+        log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
+        "/worker and its files are read-only: {log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(compose.join("app.txt")).unwrap(),
+        "hello from the host\n"
+    );
+    assert!(!compose.join("new").exists());
+    let data = stack.state_dir.path().join("workers/api/data/out");
+    assert_eq!(
+        std::fs::read_to_string(&data).unwrap_or_default(),
+        "hi\n",
+        "/state/out is on the host at {}",
+        data.display()
+    );
+    println!(
+        "*** worker VM start: worker::start answered in {start_ms:.0} ms, \
+         the workload's output in the log after {ready_ms:.0} ms ***"
+    );
+
+    let pid = started["pid"].as_u64().expect("pid of a running worker");
+    let stopped = worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    let gone = eventually(Duration::from_secs(10), || async {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    })
+    .await;
+    assert!(gone, "the VM runner {pid} outlived stop");
+
+    worker_ok(&stack, "start", start).await;
+    let log = wait_worker_log(&stack, "api", "ready", 2).await;
+    assert!(log.contains("root-kept"), "the root layer persists: {log}");
+
+    let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "api"})).await;
+    assert_eq!(destroyed["destroyed"], true, "{destroyed}");
+    assert!(
+        !stack.state_dir.path().join("workers/api").exists(),
+        "destroy deletes the worker's state"
+    );
+}
+
 /// Timings in ms of one measured step.
 struct Samples(Vec<f64>);
 
