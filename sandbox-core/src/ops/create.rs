@@ -75,16 +75,7 @@ pub async fn create_sandbox<B: Backend>(
         .images
         .check_allowed(&options.image)
         .map_err(images::error)?;
-    plugin
-        .backend
-        .probe()
-        .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
-    if !plugin.agent_path.is_file() {
-        return Err(SandboxError::BootFailed(format!(
-            "the sandbox agent binary is missing at {} (set SANDBOX_AGENT_PATH)",
-            plugin.agent_path.display()
-        )));
-    }
+    check_host_can_boot(plugin)?;
 
     let reservation = plugin.registry.reserve()?;
     let mut phases = Phases::start();
@@ -238,4 +229,22 @@ impl Phases {
         self.0 = now;
         (ms * 100.0).round() / 100.0
     }
+}
+
+/// S300 before any work when this host cannot boot a sandbox: the backend's own verdict, and
+/// the agent binary every sandbox runs.
+pub(crate) fn check_host_can_boot<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+) -> Result<(), SandboxError> {
+    plugin
+        .backend
+        .probe()
+        .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
+    if !plugin.agent_path.is_file() {
+        return Err(SandboxError::BootFailed(format!(
+            "the sandbox agent binary is missing at {} (set SANDBOX_AGENT_PATH)",
+            plugin.agent_path.display()
+        )));
+    }
+    Ok(())
 }

@@ -98,16 +98,7 @@ async fn boot<B: Backend>(
         .images
         .check_allowed(&record.image)
         .map_err(crate::images::error)?;
-    plugin
-        .backend
-        .probe()
-        .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
-    if !plugin.agent_path.is_file() {
-        return Err(SandboxError::BootFailed(format!(
-            "the sandbox agent binary is missing at {} (set SANDBOX_AGENT_PATH)",
-            plugin.agent_path.display()
-        )));
-    }
+    crate::ops::create::check_host_can_boot(plugin)?;
     let image = plugin
         .images
         .ensure(&record.image)
