@@ -15,19 +15,25 @@ async fn engine() -> EngineHandle {
         .expect("engine starts")
 }
 
+/// A raw worker named `name` serving `function`, and a caller that has seen it registered.
+async fn worker_and_caller(engine: &EngineHandle, function: &str, name: &str) -> (Client, Client) {
+    let worker = Client::connect(&engine.url()).await.unwrap();
+    worker
+        .register_function(function, None, None, None)
+        .unwrap();
+    worker.announce(name, None).unwrap();
+    let caller = Client::connect(&engine.url()).await.unwrap();
+    caller
+        .wait_for_function(function, None, WAIT)
+        .await
+        .unwrap();
+    (worker, caller)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_reaches_a_raw_worker_with_caller_id_stamped() {
     let engine = engine().await;
-    let worker = Client::connect(&engine.url()).await.unwrap();
-    worker
-        .register_function("raw::f", None, None, None)
-        .unwrap();
-    worker.announce("raw-worker", None).unwrap();
-    let caller = Client::connect(&engine.url()).await.unwrap();
-    caller
-        .wait_for_function("raw::f", None, WAIT)
-        .await
-        .unwrap();
+    let (worker, caller) = worker_and_caller(&engine, "raw::f", "raw-worker").await;
     let call = caller.invoke("raw::f", json!({"x": 1}), WAIT);
     let serve = async {
         let message = worker
@@ -274,16 +280,7 @@ async fn reattach_with_the_right_token_retires_the_old_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_pass_unchanged_and_fire_and_forget_gets_none() {
     let engine = engine().await;
-    let worker = Client::connect(&engine.url()).await.unwrap();
-    worker
-        .register_function("pass::f", None, None, None)
-        .unwrap();
-    worker.announce("passer", None).unwrap();
-    let caller = Client::connect(&engine.url()).await.unwrap();
-    caller
-        .wait_for_function("pass::f", None, WAIT)
-        .await
-        .unwrap();
+    let (worker, caller) = worker_and_caller(&engine, "pass::f", "passer").await;
 
     // Sent by hand so the answer lands in the inbox whole.
     caller
@@ -332,16 +329,7 @@ async fn results_pass_unchanged_and_fire_and_forget_gets_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_crash_mid_call_gives_invocation_stopped() {
     let engine = engine().await;
-    let worker = Client::connect(&engine.url()).await.unwrap();
-    worker
-        .register_function("crash::f", None, None, None)
-        .unwrap();
-    worker.announce("crasher", None).unwrap();
-    let caller = Client::connect(&engine.url()).await.unwrap();
-    caller
-        .wait_for_function("crash::f", None, WAIT)
-        .await
-        .unwrap();
+    let (worker, caller) = worker_and_caller(&engine, "crash::f", "crasher").await;
     let call = caller.invoke("crash::f", json!({}), WAIT);
     let crash = async {
         worker
