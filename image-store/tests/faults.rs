@@ -27,10 +27,7 @@ fn expect_s102(
     let err = res.expect_err("pull should fail");
     assert_eq!(err.code(), "S102", "{err}");
     assert!(err.retryable());
-    let msg = format!(
-        "{err} / {:?}",
-        std::error::Error::source(&err).map(|s| s.to_string())
-    );
+    let msg = with_cause(&err);
     assert!(
         msg.contains("t/img:1"),
         "message names the reference: {msg}"
@@ -40,6 +37,36 @@ fn expect_s102(
         "message {msg:?} lacks {want_in_message:?}"
     );
     msg
+}
+
+/// The error and its cause, as one line to search.
+fn with_cause(err: &ImageError) -> String {
+    format!(
+        "{err} / {:?}",
+        std::error::Error::source(err).map(|s| s.to_string())
+    )
+}
+
+/// Whether catalog entry `img` counts as installed.
+fn img_installed(store: &ImageStore) -> bool {
+    store
+        .catalog()
+        .iter()
+        .any(|e| e.name == "img" && e.installed)
+}
+
+/// A pull of `img` that must now succeed with `marker` in its root, leaving the cache
+/// consistent.
+async fn pulls_with_marker(
+    store: &ImageStore,
+    cache: &std::path::Path,
+    marker: &[u8],
+    what: &str,
+) -> image_store::PreparedImage {
+    let p = store.ensure("img").await.expect(what);
+    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), marker);
+    assert_cache_consistent(cache);
+    p
 }
 
 async fn transport_fault(fault: Fault, want: &str) {
@@ -56,17 +83,9 @@ async fn transport_fault(fault: Fault, want: &str) {
             "bad layer kept in the cache"
         );
     }
-    assert!(!store
-        .catalog()
-        .iter()
-        .any(|e| e.name == "img" && e.installed));
+    assert!(!img_installed(&store));
     reg.set_fault(Fault::None);
-    let p = store
-        .ensure("img")
-        .await
-        .expect("good pull after the fault");
-    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v1");
-    assert_cache_consistent(cache.path());
+    pulls_with_marker(&store, cache.path(), b"v1", "good pull after the fault").await;
 }
 
 #[tokio::test]
@@ -96,12 +115,7 @@ async fn content_fault(bad: common::oci::Image, want: &str) -> tempfile::TempDir
     expect_s102(store.ensure("img").await, want);
     assert_cache_consistent(cache.path());
     reg.put("t/img", "1", &good_image("v2"));
-    let p = store
-        .ensure("img")
-        .await
-        .expect("good pull after the bad image");
-    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v2");
-    assert_cache_consistent(cache.path());
+    pulls_with_marker(&store, cache.path(), b"v2", "good pull after the bad image").await;
     cache
 }
 
@@ -186,17 +200,9 @@ async fn cancelled_pull_leaves_nothing_trusted() {
     task.abort();
     let _ = task.await;
     assert_cache_consistent(cache.path());
-    assert!(!store
-        .catalog()
-        .iter()
-        .any(|e| e.name == "img" && e.installed));
+    assert!(!img_installed(&store));
     reg.set_fault(Fault::None);
-    let p = store
-        .ensure("img")
-        .await
-        .expect("pull after the cancelled one");
-    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"v1");
-    assert_cache_consistent(cache.path());
+    pulls_with_marker(&store, cache.path(), b"v1", "pull after the cancelled one").await;
 }
 
 /// The Docker token flow (401 + Bearer challenge, token from Basic credentials): good
@@ -265,10 +271,7 @@ async fn an_image_over_the_size_limit_is_refused() {
             .ensure("img")
             .await
             .expect_err("over the limit");
-        let msg = format!(
-            "{err} / {:?}",
-            std::error::Error::source(&err).map(|s| s.to_string())
-        );
+        let msg = with_cause(&err);
         assert_eq!(err.code(), "S102", "{msg}");
         assert!(!err.retryable(), "pulling again cannot help: {msg}");
         assert!(
@@ -276,17 +279,11 @@ async fn an_image_over_the_size_limit_is_refused() {
             "{msg}"
         );
         assert_cache_consistent(cache.path());
-        assert!(!limited(limit)
-            .catalog()
-            .iter()
-            .any(|e| e.name == "img" && e.installed));
+        assert!(!img_installed(&limited(limit)));
     }
 
-    let p = limited(image_store::unpack::Budget::default().bytes)
-        .ensure("img")
-        .await
-        .expect("the default limit takes it");
-    assert_eq!(std::fs::read(p.rootfs.join("etc/marker")).unwrap(), b"bomb");
+    let store = limited(image_store::unpack::Budget::default().bytes);
+    let p = pulls_with_marker(&store, cache.path(), b"bomb", "the default limit takes it").await;
     assert_eq!(
         std::fs::metadata(p.rootfs.join("zeros")).unwrap().len(),
         32 << 20
