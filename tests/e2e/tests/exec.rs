@@ -9,20 +9,15 @@ use std::time::Duration;
 use base64::Engine as _;
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{
-    create, descendants, eventually, exec, exec_ok, expect_err, sh, status_kib, stop,
+    create, descendants, eventually, exec, exec_ok, expect_err, sh, status_kib, stdout, stop,
+    timeout_kills_the_grandchild,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn stdout(result: &Value) -> &str {
-    result["stdout"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no stdout in {result}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -193,31 +188,7 @@ async fn timeouts_are_clamped_carry_partial_output_and_kill_every_descendant() {
     assert_eq!(body["output"]["stdout_truncated"], true);
 
     // A grandchild (own shell, same process group) writes its pid; the timeout kills it too.
-    let mut tree =
-        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & echo started; wait");
-    tree["timeout_ms"] = json!(1000);
-    let (code, body) = expect_err(exec(&stack, &id, tree).await, "process tree");
-    assert_eq!(code, "S200", "{body}");
-    assert_eq!(body["output"]["stdout"], "started\n", "{body}");
-    let pid_file = exec_ok(&stack, &id, json!({"argv": ["cat", "/tmp/grandchild.pid"]})).await;
-    let pid: u32 = stdout(&pid_file)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("grandchild pid: {pid_file}"));
-    let gone_inside = eventually(Duration::from_secs(5), || async {
-        let probe = exec_ok(
-            &stack,
-            &id,
-            json!({"argv": ["cat", format!("/proc/{pid}/stat")]}),
-        )
-        .await;
-        probe["exit_code"] != 0
-    })
-    .await;
-    assert!(
-        gone_inside,
-        "grandchild {pid} still alive inside the sandbox"
-    );
+    timeout_kills_the_grandchild(&stack, &id, 1000, Duration::from_secs(5)).await;
 
     // A background child holding stdout open: the program itself ends at once, the call ends
     // at its timeout with what was printed, and the child is killed.

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
 use sandbox_support::{
-    create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh, stop,
+    create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh, stdout, stop,
+    timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
 
@@ -73,12 +74,6 @@ async fn microvms_or_refusal(stack: &Stack, test: &str) -> bool {
         started.elapsed()
     );
     false
-}
-
-fn stdout(result: &Value) -> &str {
-    result["stdout"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no stdout in {result}"))
 }
 
 /// Every file under `dir` named `name` (the image cache must never receive a sandbox's write).
@@ -161,27 +156,7 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     assert_eq!(missing["exit_code"], 127, "{missing}");
 
     // A timeout kills the whole process group: the grandchild dies with the shell.
-    let mut tree =
-        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & echo started; wait");
-    tree["timeout_ms"] = json!(3000);
-    let (code, body) = expect_err(exec(&stack, &id, tree).await, "timed-out tree");
-    assert_eq!(code, "S200", "{body}");
-    assert_eq!(body["output"]["stdout"], "started\n", "{body}");
-    assert_eq!(body["output"]["timed_out"], true, "{body}");
-    let pid_file = exec_ok(&stack, &id, json!({"argv": ["cat", "/tmp/grandchild.pid"]})).await;
-    let pid = stdout(&pid_file).trim().to_string();
-    assert!(pid.parse::<u32>().is_ok(), "grandchild pid: {pid_file}");
-    let gone = eventually(Duration::from_secs(10), || async {
-        let probe = exec_ok(
-            &stack,
-            &id,
-            json!({"argv": ["cat", format!("/proc/{pid}/stat")]}),
-        )
-        .await;
-        probe["exit_code"] != 0
-    })
-    .await;
-    assert!(gone, "grandchild {pid} still alive inside the VM");
+    timeout_kills_the_grandchild(&stack, &id, 3000, Duration::from_secs(10)).await;
     let zombies = exec_ok(
         &stack,
         &id,

@@ -219,3 +219,45 @@ pub async fn stdout_of(stack: &Stack, id: &str, script: &str) -> String {
     assert_eq!(result["exit_code"], 0, "{script}: {result}");
     result["stdout"].as_str().unwrap_or_default().to_string()
 }
+
+/// An exec result's stdout.
+pub fn stdout(result: &Value) -> &str {
+    result["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no stdout in {result}"))
+}
+
+/// A shell whose grandchild (own shell, same process group) writes its pid, run with
+/// `timeout_ms`: the call is S200 with the partial output, and the grandchild is gone inside
+/// the sandbox within `within`. Returns the grandchild's pid.
+pub async fn timeout_kills_the_grandchild(
+    stack: &Stack,
+    id: &str,
+    timeout_ms: u64,
+    within: Duration,
+) -> u32 {
+    let mut tree =
+        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & echo started; wait");
+    tree["timeout_ms"] = json!(timeout_ms);
+    let (code, body) = expect_err(exec(stack, id, tree).await, "timed-out process tree");
+    assert_eq!(code, "S200", "{body}");
+    assert_eq!(body["output"]["stdout"], "started\n", "{body}");
+    assert_eq!(body["output"]["timed_out"], true, "{body}");
+    let pid_file = exec_ok(stack, id, json!({"argv": ["cat", "/tmp/grandchild.pid"]})).await;
+    let pid: u32 = stdout(&pid_file)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("grandchild pid: {pid_file}"));
+    let gone = eventually(within, || async {
+        let probe = exec_ok(
+            stack,
+            id,
+            json!({"argv": ["cat", format!("/proc/{pid}/stat")]}),
+        )
+        .await;
+        probe["exit_code"] != 0
+    })
+    .await;
+    assert!(gone, "grandchild {pid} still alive inside the sandbox");
+    pid
+}
