@@ -3,46 +3,15 @@
 //! function. None may panic, and every refusal must carry an S-code the payload can earn
 //! without a bootable host (the fake backend refuses to boot; images are never installed).
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use plugin_api::Plugin;
-use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError, SandboxPlugin};
-use serde_json::{json, Map, Value};
-
-struct NoBoot;
-
-#[async_trait]
-impl Backend for NoBoot {
-    fn name(&self) -> &'static str {
-        "none"
-    }
-    fn probe(&self) -> Result<(), HostUnfit> {
-        Ok(())
-    }
-    async fn boot(&self, _spec: &BootSpec) -> Result<Booted, SandboxError> {
-        Err(SandboxError::BootFailed("test backend never boots".into()))
-    }
-}
-
-/// xorshift64*: deterministic, so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
+use sandbox_core::SandboxPlugin;
+use serde_json::{json, Value};
+use support::{NoBoot, Rng, Vocabulary};
 
 const FIELDS: &[&str] = &[
     "image",
@@ -90,32 +59,18 @@ const STRINGS: &[&str] = &[
     "\\",
 ];
 
-fn random_value(rng: &mut Rng, depth: u32) -> Value {
-    match rng.below(if depth == 0 { 6 } else { 8 }) {
-        0 => Value::Null,
-        1 => Value::Bool(rng.below(2) == 0),
-        2 => json!(rng.next() as i64 >> rng.below(64)),
-        3 => json!((rng.next() as f64) / 7.0 - 1e18),
-        4 => Value::String(rng.pick(STRINGS).to_string()),
-        5 => Value::String("x".repeat(rng.below(5000) as usize)),
-        6 => Value::Array(
-            (0..rng.below(5))
-                .map(|_| random_value(rng, depth - 1))
-                .collect(),
-        ),
-        _ => {
-            let mut object = Map::new();
-            for _ in 0..rng.below(6) {
-                object.insert(rng.pick(FIELDS).to_string(), random_value(rng, depth - 1));
-            }
-            Value::Object(object)
-        }
-    }
-}
+const VOCABULARY: Vocabulary = Vocabulary {
+    fields: FIELDS,
+    strings: STRINGS,
+    floats: true,
+    longest: 5000,
+    items: 5,
+    members: 6,
+};
 
 /// A valid payload for `function`, with one field replaced, removed or added at random.
 fn mutated_template(rng: &mut Rng, function: &str) -> Value {
-    let mut payload = match function {
+    let payload = match function {
         "create" => json!({"image": "python", "cpus": 1, "env": {"A": "1"}}),
         "exec" => json!({"sandbox_id": "6f1c1a52-7d3e-4b7e-9c55-0a4f2d6e8b10", "argv": ["true"]}),
         "stop" => json!({"sandbox_id": "6f1c1a52-7d3e-4b7e-9c55-0a4f2d6e8b10", "wait": true}),
@@ -124,19 +79,7 @@ fn mutated_template(rng: &mut Rng, function: &str) -> Value {
         }
         _ => json!({}),
     };
-    if let Some(object) = payload.as_object_mut() {
-        let field = rng.pick(FIELDS).to_string();
-        match rng.below(4) {
-            0 => {} // left valid
-            1 => {
-                object.remove(&field);
-            }
-            _ => {
-                object.insert(field, random_value(rng, 2));
-            }
-        }
-    }
-    payload
+    VOCABULARY.mutate(rng, payload, 4)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,7 +118,7 @@ async fn random_payloads_never_panic_and_get_s_codes() {
     for round in 0..6000 {
         let function = *rng.pick(&functions);
         let payload = if rng.below(2) == 0 {
-            random_value(&mut rng, 3)
+            VOCABULARY.value(&mut rng, 3)
         } else {
             mutated_template(&mut rng, function)
         };

@@ -17,9 +17,6 @@ mod roots;
 pub mod schema;
 mod tree;
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;

@@ -2,50 +2,16 @@
 //! panic and earn only the codes they can, and a worker recorded as running is started again
 //! at start-up (here it fails, and says why, since no host root is configured).
 
+mod support;
+
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use plugin_api::Plugin;
-use serde_json::{json, Map, Value};
-
-use super::record::{WorkerDirs, WorkerRecord, WorkerState};
-use crate::backend::{Backend, BootSpec, Booted, HostUnfit};
-use crate::error::SandboxError;
-use crate::plugin::SandboxPlugin;
-
-struct NoBoot;
-
-#[async_trait]
-impl Backend for NoBoot {
-    fn name(&self) -> &'static str {
-        "none"
-    }
-    fn probe(&self) -> Result<(), HostUnfit> {
-        Ok(())
-    }
-    async fn boot(&self, _spec: &BootSpec) -> Result<Booted, SandboxError> {
-        Err(SandboxError::BootFailed("test backend never boots".into()))
-    }
-}
-
-/// xorshift64*: deterministic, so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
+use sandbox_core::SandboxPlugin;
+use serde_json::{json, Value};
+use support::{NoBoot, Rng, Vocabulary};
 
 const FIELDS: &[&str] = &[
     "vm_id",
@@ -78,80 +44,48 @@ const STRINGS: &[&str] = &[
     "\u{1F600}",
 ];
 
-fn random_value(rng: &mut Rng, depth: u32) -> Value {
-    match rng.below(if depth == 0 { 5 } else { 7 }) {
-        0 => Value::Null,
-        1 => Value::Bool(rng.below(2) == 0),
-        2 => json!(rng.next() as i64 >> rng.below(64)),
-        3 => Value::String(rng.pick(STRINGS).to_string()),
-        4 => Value::String("x".repeat(rng.below(300) as usize)),
-        5 => Value::Array(
-            (0..rng.below(4))
-                .map(|_| random_value(rng, depth - 1))
-                .collect(),
-        ),
-        _ => {
-            let mut object = Map::new();
-            for _ in 0..rng.below(5) {
-                object.insert(rng.pick(FIELDS).to_string(), random_value(rng, depth - 1));
-            }
-            Value::Object(object)
-        }
-    }
-}
+const VOCABULARY: Vocabulary = Vocabulary {
+    fields: FIELDS,
+    strings: STRINGS,
+    floats: false,
+    longest: 300,
+    items: 4,
+    members: 5,
+};
 
 fn template(rng: &mut Rng, op: &str) -> Value {
     let vm_id = *rng.pick(&["w1", "ghost"]);
-    let mut payload = match op {
+    let payload = match op {
         "prepare" => json!({"vm_id": vm_id, "image": "python", "host_path": "/tmp"}),
         "start" => json!({"vm_id": vm_id, "command": ["/bin/sh", "-c", "true"], "env": {"A": "1"}}),
         "logs" => json!({"vm_id": vm_id, "max_bytes": 10}),
         "stop" => json!({"vm_id": vm_id, "timeout_ms": 1}),
         _ => json!({ "vm_id": vm_id }),
     };
-    if let Some(object) = payload.as_object_mut() {
-        let field = rng.pick(FIELDS).to_string();
-        match rng.below(3) {
-            0 => {}
-            1 => {
-                object.remove(&field);
-            }
-            _ => {
-                object.insert(field, random_value(rng, 2));
-            }
-        }
-    }
-    payload
+    VOCABULARY.mutate(rng, payload, 3)
 }
 
-fn record(vm_id: &str, state: WorkerState) -> WorkerRecord {
-    WorkerRecord {
-        vm_id: vm_id.into(),
-        image: "python".into(),
-        host_path: "/tmp".into(),
-        cpus: None,
-        memory_mb: None,
-        state,
-        command: vec!["true".into()],
-        env: Vec::new(),
-        workdir: None,
-        started_at: None,
-        exit_code: None,
-        error: None,
+/// A worker left by an earlier run: its directories and `worker.json`, as the adapter keeps
+/// them under `<state_dir>/workers/<vm_id>/` (README, "Worker VMs").
+fn write_record(state_dir: &Path, vm_id: &str, state: &str) {
+    let dir = state_dir.join("workers").join(vm_id);
+    for sub in ["layer", "data", "logs"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
+    let record = json!({
+        "vm_id": vm_id, "image": "python", "host_path": "/tmp", "cpus": null,
+        "memory_mb": null, "state": state, "command": ["true"], "env": [], "workdir": null,
+        "started_at": null, "exit_code": null, "error": null,
+    });
+    std::fs::write(dir.join("worker.json"), record.to_string()).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_payloads_never_panic_and_a_running_record_is_restarted() {
     let cache = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
-    let dirs = WorkerDirs::open(state.path()).unwrap();
-    for (vm_id, state) in [
-        ("w1", WorkerState::Prepared),
-        ("again", WorkerState::Running),
-    ] {
-        dirs.create(vm_id).unwrap();
-        dirs.save(&record(vm_id, state)).unwrap();
+    for (vm_id, state_name) in [("w1", "prepared"), ("again", "running")] {
+        write_record(state.path(), vm_id, state_name);
     }
     let config =
         json!({"auto_install": false, "image_cache_dir": cache.path(), "state_dir": state.path()});
@@ -196,7 +130,7 @@ async fn worker_payloads_never_panic_and_a_running_record_is_restarted() {
     for round in 0..3000 {
         let op = *rng.pick(&ops);
         let payload = if rng.below(3) == 0 {
-            random_value(&mut rng, 3)
+            VOCABULARY.value(&mut rng, 3)
         } else {
             template(&mut rng, op)
         };
