@@ -150,6 +150,17 @@ pub struct AdapterOptions {
     pub env: Vec<(String, String)>,
 }
 
+impl AdapterOptions {
+    /// `<prefix>::adapter::info` for the prefix these options serve under.
+    fn info_id(&self) -> String {
+        let prefix = self.prefix.clone().unwrap_or_else(|| match self.plugin {
+            PluginKind::Bwrap => "sandbox-bwrap".into(),
+            PluginKind::Libkrun => "sandbox-libkrun".into(),
+        });
+        format!("{prefix}::adapter::info")
+    }
+}
+
 impl Default for AdapterOptions {
     fn default() -> Self {
         Self {
@@ -275,31 +286,54 @@ impl Stack {
             .expect("start engine");
         let adapter = Adapter::spawn(&engine.url(), &options);
         let client = Client::connect(&engine.url()).await.expect("client");
-        let prefix = options
-            .prefix
-            .clone()
-            .unwrap_or_else(|| match options.plugin {
-                PluginKind::Bwrap => "sandbox-bwrap".into(),
-                PluginKind::Libkrun => "sandbox-libkrun".into(),
-            });
-        let ready = client
-            .wait_for_function(
-                &format!("{prefix}::adapter::info"),
-                None,
-                Duration::from_secs(60),
-            )
-            .await;
-        assert!(
-            ready.is_ok(),
-            "adapter did not register: {ready:?}\n{}",
-            adapter.log()
-        );
-        Stack {
+        let stack = Stack {
             engine,
             client,
             adapter,
             state_dir,
+        };
+        stack.wait_until_served(&options).await;
+        stack
+    }
+
+    /// Waits for the adapter's `adapter::info`: the shell registers it last, so every
+    /// function is on the bus once it is.
+    async fn wait_until_served(&self, options: &AdapterOptions) {
+        let ready = self
+            .client
+            .wait_for_function(&options.info_id(), None, Duration::from_secs(60))
+            .await;
+        assert!(
+            ready.is_ok(),
+            "adapter did not register: {ready:?}\n{}",
+            self.adapter.log()
+        );
+    }
+
+    /// Starts a new adapter with `options` over the same engine and state directory, once
+    /// the engine has dropped the functions of the previous one (killed or terminated by the
+    /// caller), and waits until it serves.
+    pub async fn restart_adapter(&mut self, options: &AdapterOptions) {
+        let info_id = options.info_id();
+        let mut dropped = false;
+        for _ in 0..300 {
+            let info = self
+                .client
+                .invoke(
+                    "engine::functions::info",
+                    json!({ "function_id": info_id }),
+                    Duration::from_secs(10),
+                )
+                .await;
+            if info.is_err() {
+                dropped = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        assert!(dropped, "the engine kept the previous adapter's functions");
+        self.adapter = Adapter::spawn(&self.engine.url(), options);
+        self.wait_until_served(options).await;
     }
 
     /// The usual stack: bwrap plugin standing in for `sandbox-libkrun`, default config.

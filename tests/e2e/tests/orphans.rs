@@ -6,7 +6,7 @@ mod sandbox_support;
 
 use std::time::Duration;
 
-use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack, PREFIX};
+use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
 use sandbox_support::{
     cgroup_name, cgroups_named, create, descendants, eventually, exec, layers_on_disk, sh,
     HostProcess,
@@ -64,28 +64,8 @@ async fn kill_9_leaves_no_sandbox_process_and_restart_reconciles_three() {
     );
     assert_eq!(layers_on_disk(&stack), 3, "nobody cleaned up yet");
 
-    // Wait for the engine to drop the dead adapter's functions, then start a new one over the
-    // same configuration (same state directory).
-    let list_id = format!("{PREFIX}::list");
-    let unregistered = eventually(Duration::from_secs(30), || async {
-        stack
-            .client
-            .invoke(
-                "engine::functions::info",
-                json!({"function_id": list_id}),
-                Duration::from_secs(10),
-            )
-            .await
-            .is_err()
-    })
-    .await;
-    assert!(unregistered, "the engine kept the dead adapter's functions");
-    stack.adapter = Adapter::spawn(&stack.engine.url(), &AdapterOptions::default());
-    let ready = stack
-        .client
-        .wait_for_function(&list_id, None, Duration::from_secs(60))
-        .await;
-    assert!(ready.is_ok(), "restart: {ready:?}\n{}", stack.adapter.log());
+    // A new adapter over the same configuration (same state directory).
+    stack.restart_adapter(&AdapterOptions::default()).await;
 
     let list = stack.call("list", json!({})).await.expect("list");
     assert_eq!(list["reconciled"], 3, "{list}");

@@ -8,7 +8,7 @@ mod sandbox_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_tests::{bwrap_usable, error_body, s_code, Adapter, AdapterOptions, Stack, PREFIX};
+use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, Stack};
 use sandbox_support::eventually;
 use serde_json::{json, Value};
 
@@ -72,21 +72,7 @@ impl Project {
 }
 
 async fn start_stack(project: &Project, base_is_worker_dir: bool) -> Stack {
-    let stack = Stack::start(json!({}), project.options(base_is_worker_dir)).await;
-    wait_for_worker_functions(&stack).await;
-    stack
-}
-
-/// `Stack::start` waits for `adapter::info` only; functions register one by one.
-async fn wait_for_worker_functions(stack: &Stack) {
-    for op in ["prepare", "start", "status", "logs", "stop", "destroy"] {
-        let id = format!("{PREFIX}::worker::{op}");
-        let ready = stack
-            .client
-            .wait_for_function(&id, None, Duration::from_secs(60))
-            .await;
-        assert!(ready.is_ok(), "{id}: {ready:?}\n{}", stack.adapter.log());
-    }
+    Stack::start(json!({}), project.options(base_is_worker_dir)).await
 }
 
 /// `worker::<op>` with the token in `auth`.
@@ -356,7 +342,6 @@ async fn no_roots_configured_refuses_every_host_path() {
         ..AdapterOptions::default()
     };
     let stack = Stack::start(json!({}), options).await;
-    wait_for_worker_functions(&stack).await;
     let (code, message) = worker_err(
         &stack,
         "prepare",
@@ -523,22 +508,7 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
     })
     .await;
     assert!(gone, "the worker VM outlived its adapter");
-    let info_id = format!("{PREFIX}::adapter::info");
-    let unregistered = eventually(Duration::from_secs(30), || async {
-        stack
-            .client
-            .invoke(
-                "engine::functions::info",
-                json!({ "function_id": info_id }),
-                Duration::from_secs(10),
-            )
-            .await
-            .is_err()
-    })
-    .await;
-    assert!(unregistered, "the engine kept the dead adapter's functions");
-    stack.adapter = Adapter::spawn(&stack.engine.url(), &project.options(false));
-    wait_for_worker_functions(&stack).await;
+    stack.restart_adapter(&project.options(false)).await;
 
     wait_log(&stack, "svc", "started", 2).await;
     let now = wait_state(&stack, "svc", "running").await;
@@ -566,24 +536,7 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
         !Path::new(&format!("/proc/{new_pid}")).exists(),
         "the worker VM outlived an orderly shutdown"
     );
-    let unregistered = eventually(Duration::from_secs(30), || async {
-        stack
-            .client
-            .invoke(
-                "engine::functions::info",
-                json!({ "function_id": info_id }),
-                Duration::from_secs(10),
-            )
-            .await
-            .is_err()
-    })
-    .await;
-    assert!(
-        unregistered,
-        "the engine kept the stopped adapter's functions"
-    );
-    stack.adapter = Adapter::spawn(&stack.engine.url(), &project.options(false));
-    wait_for_worker_functions(&stack).await;
+    stack.restart_adapter(&project.options(false)).await;
     wait_log(&stack, "svc", "started", 3).await;
     wait_state(&stack, "svc", "running").await;
     worker_ok(&stack, "stop", json!({"vm_id": "svc", "timeout_ms": 2000})).await;
