@@ -8,6 +8,7 @@
 //! it and prints its table.
 
 mod sandbox_support;
+mod worker_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -20,6 +21,7 @@ use sandbox_support::{
     timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
+use worker_support::{wait_log, worker_ok, TOKEN};
 
 /// The stack on the libkrun plugin, serving under its own adapter name.
 async fn libkrun_stack(config: Value) -> Stack {
@@ -307,39 +309,6 @@ async fn boot_failure_is_s300_with_the_cause() {
     assert!(live_ids(&stack).await.is_empty());
 }
 
-/// The worker token of the worker VM test.
-const WORKER_TOKEN: &str = "krun-wk-tok-3b8e51d0c7a94f26-never-in-a-guest";
-
-/// `worker::<op>` with the token; panics with the adapter's log on an error.
-async fn worker_ok(stack: &Stack, op: &str, mut payload: Value) -> Value {
-    payload["auth"] = json!(WORKER_TOKEN);
-    let shown = payload.to_string();
-    stack
-        .call(&format!("worker::{op}"), payload)
-        .await
-        .unwrap_or_else(|e| panic!("worker::{op} {shown}: {e:?}\n{}", stack.adapter.log()))
-}
-
-async fn worker_log(stack: &Stack, vm_id: &str) -> String {
-    let logs = worker_ok(stack, "logs", json!({ "vm_id": vm_id })).await;
-    logs["content"].as_str().expect("logs.content").to_string()
-}
-
-/// Waits until the worker's log holds `needle` `times` times; the log as it then was.
-async fn wait_worker_log(stack: &Stack, vm_id: &str, needle: &str, times: usize) -> String {
-    let found = eventually(Duration::from_secs(90), || async {
-        worker_log(stack, vm_id).await.matches(needle).count() >= times
-    })
-    .await;
-    let log = worker_log(stack, vm_id).await;
-    assert!(
-        found,
-        "{needle:?} x{times} never showed in the log of {vm_id}: {log}\n{}",
-        stack.adapter.log()
-    );
-    log
-}
-
 /// A worker VM as a microVM: `/worker` is the Compose dir without `iii.yaml` (a read-only
 /// tmpfs holding read-only binds, made by the runner inside the root and seen through the
 /// root's virtio-fs share), `/state` is the host's data dir, and the root layer persists
@@ -360,7 +329,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
         plugin: PluginKind::Libkrun,
         prefix: None,
         env: vec![
-            ("III_SANDBOX_WORKER_TOKEN".into(), WORKER_TOKEN.into()),
+            ("III_SANDBOX_TOKEN".into(), TOKEN.into()),
             ("III_COMPOSE_DIR".into(), compose.display().to_string()),
         ],
         ..Default::default()
@@ -368,14 +337,6 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     let stack = Stack::start(json!({}), options).await;
     if !microvms_or_refusal(&stack, test).await {
         return;
-    }
-    for op in ["prepare", "start", "status", "logs", "stop", "destroy"] {
-        let id = format!("{}::worker::{op}", e2e_tests::PREFIX);
-        let ready = stack
-            .client
-            .wait_for_function(&id, None, Duration::from_secs(60))
-            .await;
-        assert!(ready.is_ok(), "{id}: {ready:?}\n{}", stack.adapter.log());
     }
     let prepared = worker_ok(
         &stack,
@@ -395,7 +356,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     let started = worker_ok(&stack, "start", start.clone()).await;
     let start_ms = ms_since(started_at);
     assert_eq!(started["state"], "running", "{started}");
-    let log = wait_worker_log(&stack, "api", "ready", 1).await;
+    let log = wait_log(&stack, "api", "ready", 1, Duration::from_secs(90)).await;
     let ready_ms = ms_since(started_at);
     assert!(log.contains("app.txt"), "/worker is listed: {log}");
     assert!(
@@ -436,7 +397,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     assert!(gone, "the VM runner {pid} outlived stop");
 
     worker_ok(&stack, "start", start).await;
-    let log = wait_worker_log(&stack, "api", "ready", 2).await;
+    let log = wait_log(&stack, "api", "ready", 2, Duration::from_secs(90)).await;
     assert!(log.contains("root-kept"), "the root layer persists: {log}");
 
     let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "api"})).await;

@@ -4,16 +4,18 @@
 //! adapter dies, destroy, and malformed payloads.
 
 mod sandbox_support;
+mod worker_support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, Stack};
+use e2e_tests::{bwrap_usable, s_code, AdapterOptions, Stack};
 use sandbox_support::eventually;
 use serde_json::{json, Value};
+use worker_support::{log_of, wait_log, worker_err, worker_ok, TOKEN};
 
-/// The token these tests give the adapter; long and unusual enough to find in any file.
-const TOKEN: &str = "wk-tok-5f1e0c9a7b3d42e8a6c1-never-in-a-guest";
+/// How long a worker's log may take to show what the tests wait for.
+const LOG_WAIT: Duration = Duration::from_secs(60);
 
 /// A Compose project on the host: `project/` (the Compose dir, with `iii.yaml` holding a
 /// secret), `packages/` under a Compose state dir, and `outside/`, under no root.
@@ -75,38 +77,6 @@ async fn start_stack(project: &Project, base_is_worker_dir: bool) -> Stack {
     Stack::start(json!({}), project.options(base_is_worker_dir)).await
 }
 
-/// `worker::<op>` with the token in `auth`.
-async fn worker(
-    stack: &Stack,
-    op: &str,
-    mut payload: Value,
-) -> Result<Value, e2e_tests::RemoteError> {
-    payload["auth"] = json!(TOKEN);
-    stack.call(&format!("worker::{op}"), payload).await
-}
-
-async fn worker_ok(stack: &Stack, op: &str, payload: Value) -> Value {
-    let shown = payload.to_string();
-    worker(stack, op, payload)
-        .await
-        .unwrap_or_else(|e| panic!("worker::{op} {shown}: {e:?}\n{}", stack.adapter.log()))
-}
-
-/// The S-code and message of a worker call that must fail.
-async fn worker_err(stack: &Stack, op: &str, payload: Value) -> (String, String) {
-    let shown = payload.to_string();
-    match worker(stack, op, payload).await {
-        Ok(answer) => panic!("worker::{op} {shown}: expected an error, got {answer}"),
-        Err(e) => {
-            let message = error_body(&e)["message"]
-                .as_str()
-                .unwrap_or(&e.message)
-                .to_string();
-            (s_code(&e), message)
-        }
-    }
-}
-
 async fn prepare(stack: &Stack, vm_id: &str, host_path: &Path) -> Value {
     worker_ok(
         stack,
@@ -127,26 +97,6 @@ async fn start_sh(stack: &Stack, vm_id: &str, script: &str, env: Value) -> Value
 
 async fn status(stack: &Stack, vm_id: &str) -> Value {
     worker_ok(stack, "status", json!({ "vm_id": vm_id })).await
-}
-
-async fn log_of(stack: &Stack, vm_id: &str) -> String {
-    let logs = worker_ok(stack, "logs", json!({ "vm_id": vm_id })).await;
-    logs["content"].as_str().expect("logs.content").to_string()
-}
-
-/// Waits until the worker's log holds `needle` `times` times; the log as it then was.
-async fn wait_log(stack: &Stack, vm_id: &str, needle: &str, times: usize) -> String {
-    let found = eventually(Duration::from_secs(60), || async {
-        log_of(stack, vm_id).await.matches(needle).count() >= times
-    })
-    .await;
-    let log = log_of(stack, vm_id).await;
-    assert!(
-        found,
-        "{needle:?} x{times} never showed in the log of {vm_id}: {log}\n{}",
-        stack.adapter.log()
-    );
-    log
 }
 
 /// Waits until the worker's state is `state`; the status as it then was.
@@ -248,7 +198,7 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
     assert_eq!(now["state"], "running");
     assert_eq!(now["pid"], started["pid"]);
     assert_eq!(now["image"], "python");
-    wait_log(&stack, "api", "tick", 3).await;
+    wait_log(&stack, "api", "tick", 3, LOG_WAIT).await;
     let first = log_of(&stack, "api").await;
     assert!(
         !first.contains("state-kept") && !first.contains("root-kept"),
@@ -281,12 +231,12 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
     );
 
     start_sh(&stack, "api", script, json!({})).await;
-    let log = wait_log(&stack, "api", "started", 2).await;
-    wait_log(&stack, "api", "state-kept", 1).await;
+    let log = wait_log(&stack, "api", "started", 2, LOG_WAIT).await;
+    wait_log(&stack, "api", "state-kept", 1, LOG_WAIT).await;
     let log = if log.contains("root-kept") {
         log
     } else {
-        wait_log(&stack, "api", "root-kept", 1).await
+        wait_log(&stack, "api", "root-kept", 1, LOG_WAIT).await
     };
     assert!(log.contains("root-kept"), "{log}");
     worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
@@ -428,7 +378,7 @@ async fn the_compose_file_is_invisible_and_worker_is_read_only() {
 
     // An exited VM starts again; the exit code is the new run's.
     start_sh(&stack, "parent", "echo second-run; exit 4", json!({})).await;
-    wait_log(&stack, "parent", "second-run", 1).await;
+    wait_log(&stack, "parent", "second-run", 1, LOG_WAIT).await;
     let done = wait_state(&stack, "parent", "exited").await;
     assert_eq!(done["exit_code"], 4, "{done}");
 }
@@ -499,7 +449,7 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
     prepare(&stack, "idle", &project.path("project/svc")).await;
     let script = "echo started; echo run >> /state/runs; while true; do sleep 0.2; done";
     let first = start_sh(&stack, "svc", script, json!({})).await;
-    wait_log(&stack, "svc", "started", 1).await;
+    wait_log(&stack, "svc", "started", 1, LOG_WAIT).await;
     let old_pid = first["pid"].as_u64().unwrap();
 
     stack.adapter.kill9();
@@ -510,7 +460,7 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
     assert!(gone, "the worker VM outlived its adapter");
     stack.restart_adapter(&project.options(false)).await;
 
-    wait_log(&stack, "svc", "started", 2).await;
+    wait_log(&stack, "svc", "started", 2, LOG_WAIT).await;
     let now = wait_state(&stack, "svc", "running").await;
     let new_pid = now["pid"].as_u64().expect("a pid once restarted");
     assert_ne!(new_pid, old_pid, "{now}");
@@ -537,7 +487,7 @@ async fn running_workers_start_again_after_the_adapter_is_killed() {
         "the worker VM outlived an orderly shutdown"
     );
     stack.restart_adapter(&project.options(false)).await;
-    wait_log(&stack, "svc", "started", 3).await;
+    wait_log(&stack, "svc", "started", 3, LOG_WAIT).await;
     wait_state(&stack, "svc", "running").await;
     worker_ok(&stack, "stop", json!({"vm_id": "svc", "timeout_ms": 2000})).await;
 }
@@ -672,7 +622,7 @@ async fn a_program_that_ignores_sigterm_is_killed_after_the_timeout() {
     // Ignored signals stay ignored in children: `sleep` ignores SIGTERM too.
     let script = "trap '' TERM; echo up; while true; do sleep 0.2; done; echo never";
     let started = start_sh(&stack, "stubborn", script, json!({})).await;
-    wait_log(&stack, "stubborn", "up", 1).await;
+    wait_log(&stack, "stubborn", "up", 1, LOG_WAIT).await;
     let pid = started["pid"].as_u64().unwrap();
     let stopped = worker_ok(
         &stack,
