@@ -1,7 +1,11 @@
 //! Shared by the randomised request tests: a backend that never boots, a deterministic
 //! generator, and random JSON built around a vocabulary of real field names and strings.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use plugin_api::Plugin;
 use sandbox_core::{Backend, BootSpec, Booted, HostUnfit, SandboxError};
 use serde_json::{json, Map, Value};
 
@@ -106,5 +110,39 @@ impl Vocabulary {
             }
         }
         payload
+    }
+}
+
+/// Calls `plugin` `rounds` times with the function and payload `next` makes from a generator
+/// seeded the same every run. None may panic; every refusal must carry one of `allowed`, and
+/// each of `must_reach` must come up (else the generator is too tame to mean anything).
+pub async fn only_earnable_codes<P: Plugin>(
+    plugin: &Arc<P>,
+    rounds: usize,
+    allowed: &[&str],
+    must_reach: &[&str],
+    mut next: impl FnMut(&mut Rng) -> (String, Value),
+) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut seen = BTreeSet::new();
+    for round in 0..rounds {
+        let (function, payload) = next(&mut rng);
+        let outcome = Arc::clone(plugin)
+            .invoke(function.clone(), payload.clone())
+            .await;
+        if let Err(body) = outcome {
+            assert!(
+                allowed.contains(&body.code.as_str()),
+                "round {round}: {function} {payload} -> {body:?}"
+            );
+            seen.insert(body.code);
+        }
+    }
+    println!("codes seen: {seen:?}");
+    for code in must_reach {
+        assert!(
+            seen.contains(*code),
+            "the generator must reach {code}: {seen:?}"
+        );
     }
 }
