@@ -15,13 +15,23 @@ async fn engine() -> EngineHandle {
         .expect("engine starts")
 }
 
-/// A raw worker named `name` serving `function`, and a caller that has seen it registered.
-async fn worker_and_caller(engine: &EngineHandle, function: &str, name: &str) -> (Client, Client) {
+/// A raw worker named `name` serving `function`, once the engine lists it.
+async fn registered_worker(engine: &EngineHandle, function: &str, name: &str) -> Client {
     let worker = Client::connect(&engine.url()).await.unwrap();
     worker
         .register_function(function, None, None, None)
         .unwrap();
     worker.announce(name, None).unwrap();
+    worker
+        .wait_for_function(function, None, WAIT)
+        .await
+        .unwrap();
+    worker
+}
+
+/// A raw worker named `name` serving `function`, and a caller that has seen it registered.
+async fn worker_and_caller(engine: &EngineHandle, function: &str, name: &str) -> (Client, Client) {
+    let worker = registered_worker(engine, function, name).await;
     let caller = Client::connect(&engine.url()).await.unwrap();
     caller
         .wait_for_function(function, None, WAIT)
@@ -107,10 +117,7 @@ async fn websocket_pings_and_binary_json_frames_are_handled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn function_conflict_names_the_function_and_its_owner() {
     let engine = engine().await;
-    let first = Client::connect(&engine.url()).await.unwrap();
-    first.register_function("dup::f", None, None, None).unwrap();
-    first.announce("first", None).unwrap();
-    first.wait_for_function("dup::f", None, WAIT).await.unwrap();
+    let first = registered_worker(&engine, "dup::f", "first").await;
 
     let second = Client::connect(&engine.url()).await.unwrap();
     second
@@ -234,10 +241,7 @@ async fn registrations_wait_for_the_namespace_then_fall_back_to_default() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reattach_with_the_right_token_retires_the_old_connection() {
     let engine = engine().await;
-    let old = Client::connect(&engine.url()).await.unwrap();
-    old.register_function("re::f", None, None, None).unwrap();
-    old.announce("phoenix", None).unwrap();
-    old.wait_for_function("re::f", None, WAIT).await.unwrap();
+    let old = registered_worker(&engine, "re::f", "phoenix").await;
 
     let intruder = Client::connect(&engine.url()).await.unwrap();
     intruder
