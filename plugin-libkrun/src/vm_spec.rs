@@ -86,31 +86,43 @@ fn runner_mount(mount: &GuestMount) -> Result<Value, VmSpecError> {
     })
 }
 
+/// A sandbox's boot spec over `dir` for unit tests: an empty image root and layer, a stand-in
+/// agent file, 1 cpu, 256 MiB, no network.
+#[cfg(test)]
+pub(crate) fn test_boot_spec(dir: &std::path::Path) -> BootSpec {
+    let image = dir.join("image");
+    let layer = dir.join("layer");
+    std::fs::create_dir_all(&image).unwrap();
+    std::fs::create_dir_all(&layer).unwrap();
+    let agent = dir.join("agent-bin");
+    std::fs::write(&agent, b"agent").unwrap();
+    BootSpec {
+        sandbox_id: "test".into(),
+        image_root: image,
+        layer_dir: layer,
+        cpus: 1,
+        memory_mb: 256,
+        network: false,
+        agent_path: agent,
+        mounts: Vec::new(),
+        persistent_layer: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Path;
 
     fn boot_spec(dir: &Path, cpus: u32, memory_mb: u32) -> (BootSpec, Layout) {
-        let image = dir.join("image");
-        let layer = dir.join("layer");
-        std::fs::create_dir_all(&image).unwrap();
-        std::fs::create_dir_all(&layer).unwrap();
-        let agent = dir.join("agent-bin");
-        std::fs::write(&agent, b"agent").unwrap();
-        let layout = Layout::new(&layer);
-        layout.prepare(&agent, false).unwrap();
         let spec = BootSpec {
-            sandbox_id: "id".into(),
-            image_root: image,
-            layer_dir: layer,
             cpus,
             memory_mb,
             network: true,
-            agent_path: agent,
-            mounts: Vec::new(),
-            persistent_layer: false,
+            ..test_boot_spec(dir)
         };
+        let layout = Layout::new(&spec.layer_dir);
+        layout.prepare(&spec.agent_path, false).unwrap();
         (spec, layout)
     }
 

@@ -7,32 +7,13 @@ use std::path::{Path, PathBuf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
+use crate::vm_spec::test_boot_spec;
 
 fn script(dir: &Path, body: &str) -> PathBuf {
     let path = dir.join("fake-runner");
     std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
-}
-
-fn boot_spec(dir: &Path) -> BootSpec {
-    let image = dir.join("image");
-    let layer = dir.join("layer");
-    std::fs::create_dir_all(&image).unwrap();
-    std::fs::create_dir_all(&layer).unwrap();
-    let agent = dir.join("agent-bin");
-    std::fs::write(&agent, b"agent").unwrap();
-    BootSpec {
-        sandbox_id: "test".into(),
-        image_root: image,
-        layer_dir: layer,
-        cpus: 1,
-        memory_mb: 256,
-        network: false,
-        agent_path: agent,
-        mounts: Vec::new(),
-        persistent_layer: false,
-    }
 }
 
 fn error_text(result: Result<Booted, BootError>) -> String {
@@ -45,7 +26,7 @@ fn error_text(result: Result<Booted, BootError>) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn runner_failure_reports_the_status_and_the_log_tails() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = boot_spec(dir.path());
+    let spec = test_boot_spec(dir.path());
     let runner = script(
         dir.path(),
         r#"echo "sandbox-libkrun-vm: this host cannot boot microVMs: no /dev/kvm" >&2
@@ -70,7 +51,7 @@ exit 3"#,
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_runner_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = boot_spec(dir.path());
+    let spec = test_boot_spec(dir.path());
     let backend = LibkrunBackend::with_runner(dir.path().join("nowhere"));
     let text = error_text(backend.boot_vm(&spec).await);
     assert!(
@@ -91,7 +72,7 @@ async fn agent_connection_is_returned_and_kill_reaps_the_runner() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let spec = boot_spec(dir.path());
+    let spec = test_boot_spec(dir.path());
     let runner = script(
         dir.path(),
         &format!(
@@ -135,7 +116,7 @@ time.sleep(600)
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = boot_spec(dir.path());
+    let mut spec = test_boot_spec(dir.path());
     spec.persistent_layer = true;
     spec.mounts.push(sandbox_core::GuestMount::Tmpfs {
         guest: "/worker".into(),
