@@ -20,6 +20,8 @@ const CPU_PERIOD_US: u64 = 100_000;
 pub struct Group {
     name: String,
     dirs: Vec<PathBuf>,
+    /// The unified hierarchy (one dir, `cpu.max` / `memory.max`), else v1.
+    v2: bool,
 }
 
 impl Group {
@@ -27,7 +29,8 @@ impl Group {
     pub fn create() -> Self {
         let name = format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4());
         let mut dirs = Vec::new();
-        if is_v2() {
+        let v2 = is_v2();
+        if v2 {
             let _ = fs::write(
                 Path::new(ROOT).join("cgroup.subtree_control"),
                 "+cpu +memory",
@@ -49,7 +52,7 @@ impl Group {
                 }
             }
         }
-        Self { name, dirs }
+        Self { name, dirs, v2 }
     }
 
     pub fn name(&self) -> &str {
@@ -72,7 +75,7 @@ impl Group {
         let mut cpu_set = false;
         for dir in &self.dirs {
             let write = |file: &str, value: &str| fs::write(dir.join(file), value).is_ok();
-            if is_v2() {
+            if self.v2 {
                 memory_set = write("memory.max", &memory);
                 cpu_set = write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
             } else if dir.starts_with(Path::new(ROOT).join("memory")) {
@@ -82,6 +85,14 @@ impl Group {
             }
         }
         memory_set && cpu_set
+    }
+
+    /// Removes the group now if it is empty, without waiting (a group still busy with an
+    /// exiting process is left to the next start's sweep).
+    pub fn remove_if_empty(&self) {
+        for dir in &self.dirs {
+            let _ = fs::remove_dir(dir);
+        }
     }
 }
 

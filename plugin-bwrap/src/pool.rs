@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::process::{Child, Command};
 
-use crate::cgroup::{self, Group};
+use crate::cgroup::Group;
 
 /// A started launcher waiting for its command on stdin, and its (empty) cgroup.
 pub struct Launcher {
@@ -72,7 +72,7 @@ impl LauncherPool {
         match child {
             Ok(child) => Ok(Launcher { child, group }),
             Err(e) => {
-                cgroup::remove(group.name());
+                group.remove_if_empty();
                 Err(e)
             }
         }
@@ -111,14 +111,9 @@ impl Drop for LauncherPool {
     }
 }
 
-/// Ends an unused launcher (it exits when its stdin closes) and removes its group; a group
-/// still busy with the exiting process is left to the next start's sweep.
+/// Ends an unused launcher (killed on drop) and removes its group if it is already empty.
 fn discard(launcher: Launcher) {
     let Launcher { child, group } = launcher;
     drop(child);
-    for procs in group.procs_files() {
-        if let Some(dir) = procs.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
+    group.remove_if_empty();
 }
