@@ -329,7 +329,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
         plugin: PluginKind::Libkrun,
         prefix: None,
         env: vec![
-            ("III_SANDBOX_TOKEN".into(), TOKEN.into()),
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
             ("III_COMPOSE_DIR".into(), compose.display().to_string()),
         ],
         ..Default::default()
