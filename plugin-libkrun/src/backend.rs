@@ -51,9 +51,7 @@ impl LibkrunBackend {
             return Err(BootError::NoRunner(self.runner.display().to_string()));
         }
         let layout = Layout::new(&spec.layer_dir);
-        layout
-            .prepare(&spec.agent_path, spec.persistent_layer)
-            .map_err(BootError::Layer)?;
+        layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
         let (vm_spec, _) = vm_spec::build(spec, &layout)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
@@ -155,12 +153,25 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
+        refuse_worker_spec(spec)?;
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
         self.boot_vm(spec)
             .await
             .map_err(|e| SandboxError::BootFailed(e.to_string()))
     }
+}
+
+/// Worker VMs need extra mounts (a tmpfs with read-only binds, symlinks) and a persistent
+/// layer, which the VM runner's virtio-fs shares do not express yet: refused up front rather
+/// than booted without them.
+fn refuse_worker_spec(spec: &BootSpec) -> Result<(), SandboxError> {
+    if spec.mounts.is_empty() && !spec.persistent_layer {
+        return Ok(());
+    }
+    Err(SandboxError::BootFailed(
+        "worker VMs are not served by the libkrun plugin yet (use the bwrap plugin)".into(),
+    ))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use vm_runner::spec::{MAX_VCPUS, MIN_MEMORY_MIB};
 use vm_runner::{SpecError, VmSpec};
 
 use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
-use sandbox_core::{BootSpec, GuestMount};
+use sandbox_core::BootSpec;
 
 /// The vsock port the agent connects to (host CID 2); bridged to `agent.sock`.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
@@ -15,10 +15,6 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub enum VmSpecError {
     #[error("libkrun runs at most {MAX_VCPUS} vCPUs, asked {0}")]
     TooManyCpus(u32),
-    #[error(
-        "the symbolic link at {0} has a target that is not UTF-8, which the VM runner cannot carry"
-    )]
-    SymlinkTarget(String),
     #[error("the runner would refuse the specification: {0}")]
     Invalid(#[from] SpecError),
 }
@@ -30,11 +26,6 @@ pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpec
         .ok()
         .filter(|n| *n <= MAX_VCPUS)
         .ok_or(VmSpecError::TooManyCpus(spec.cpus))?;
-    let mounts = spec
-        .mounts
-        .iter()
-        .map(runner_mount)
-        .collect::<Result<Vec<_>, _>>()?;
     let value = json!({
         "vcpus": vcpus,
         "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
@@ -46,7 +37,6 @@ pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpec
             "guest_path": AGENT_GUEST_DIR,
             "read_only": true,
         }],
-        "mounts": mounts,
         "vsock": [{
             "port": AGENT_VSOCK_PORT,
             "socket": layout.socket,
@@ -59,31 +49,6 @@ pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpec
     });
     let parsed = VmSpec::from_json(&value.to_string())?;
     Ok((value, parsed))
-}
-
-/// One of the sandbox's mounts as the runner's `mounts` entry (made inside the root on the
-/// host side, seen by the guest through the root share).
-fn runner_mount(mount: &GuestMount) -> Result<Value, VmSpecError> {
-    Ok(match mount {
-        GuestMount::Bind(bind) => json!({
-            "kind": "bind",
-            "host_path": bind.host,
-            "guest_path": bind.guest,
-            "read_only": bind.read_only,
-        }),
-        GuestMount::Tmpfs { guest, read_only } => json!({
-            "kind": "tmpfs",
-            "guest_path": guest,
-            "read_only": read_only,
-        }),
-        GuestMount::Symlink { target, guest } => json!({
-            "kind": "symlink",
-            "target": target
-                .to_str()
-                .ok_or_else(|| VmSpecError::SymlinkTarget(guest.clone()))?,
-            "guest_path": guest,
-        }),
-    })
 }
 
 /// A sandbox's boot spec over `dir` for unit tests: an empty image root and layer, a stand-in
@@ -122,7 +87,7 @@ mod tests {
             ..test_boot_spec(dir)
         };
         let layout = Layout::new(&spec.layer_dir);
-        layout.prepare(&spec.agent_path, false).unwrap();
+        layout.prepare(&spec.agent_path).unwrap();
         (spec, layout)
     }
 
@@ -157,74 +122,6 @@ mod tests {
         assert!(matches!(
             build(&spec, &layout),
             Err(VmSpecError::TooManyCpus(300))
-        ));
-    }
-
-    #[test]
-    fn worker_mounts_reach_the_runner_in_order() {
-        use sandbox_core::Mount;
-        let dir = tempfile::tempdir().unwrap();
-        let (mut spec, layout) = boot_spec(dir.path(), 1, 256);
-        let file = dir.path().join("app.txt");
-        std::fs::write(&file, b"x").unwrap();
-        spec.mounts = vec![
-            GuestMount::Tmpfs {
-                guest: "/worker".into(),
-                read_only: true,
-            },
-            GuestMount::Bind(Mount {
-                host: file.clone(),
-                guest: "/worker/app.txt".into(),
-                read_only: true,
-            }),
-            GuestMount::Symlink {
-                target: "app.txt".into(),
-                guest: "/worker/link".into(),
-            },
-            GuestMount::Bind(Mount {
-                host: dir.path().to_path_buf(),
-                guest: "/state".into(),
-                read_only: false,
-            }),
-        ];
-        spec.persistent_layer = true;
-        let (_, vm) = build(&spec, &layout).unwrap();
-        assert_eq!(
-            vm.mounts,
-            vec![
-                vm_runner::GuestMount::Tmpfs {
-                    guest_path: "/worker".into(),
-                    read_only: true
-                },
-                vm_runner::GuestMount::Bind {
-                    host_path: file,
-                    guest_path: "/worker/app.txt".into(),
-                    read_only: true
-                },
-                vm_runner::GuestMount::Symlink {
-                    target: "app.txt".into(),
-                    guest_path: "/worker/link".into()
-                },
-                vm_runner::GuestMount::Bind {
-                    host_path: dir.path().to_path_buf(),
-                    guest_path: "/state".into(),
-                    read_only: false
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn a_mount_the_runner_would_refuse_is_refused_here() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut spec, layout) = boot_spec(dir.path(), 1, 256);
-        spec.mounts = vec![GuestMount::Tmpfs {
-            guest: "/worker/../etc".into(),
-            read_only: false,
-        }];
-        assert!(matches!(
-            build(&spec, &layout),
-            Err(VmSpecError::Invalid(SpecError::BadMountPath { .. }))
         ));
     }
 }

@@ -3,7 +3,6 @@
 use std::convert::Infallible;
 
 use crate::firmware::{self, FirmwareError};
-use crate::guest_mounts::{self, MountError};
 use crate::krun::{Context, KrunError};
 use crate::launch_file::{self, INIT_PATH, LAUNCH_PATH};
 use crate::overlay::{self, OverlayError};
@@ -22,8 +21,6 @@ pub enum LaunchError {
     Firmware(#[from] FirmwareError),
     #[error(transparent)]
     Overlay(#[from] OverlayError),
-    #[error(transparent)]
-    Mount(#[from] MountError),
     #[error(transparent)]
     Krun(#[from] KrunError),
     #[error("cannot arrange to die with the parent process: {0}")]
@@ -55,15 +52,9 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
-    // The overlay first, then the extra mounts inside it; all of it is seen by this process
-    // (and so by libkrun's virtio-fs server) only.
-    if spec.root_overlay.is_some() || !spec.mounts.is_empty() {
-        overlay::enter_private_namespace()?;
-    }
     if let Some(root_overlay) = &spec.root_overlay {
-        overlay::mount(&spec.root, root_overlay)?;
+        overlay::mount_private(&spec.root, root_overlay)?;
     }
-    guest_mounts::apply(&spec.root, &spec.mounts)?;
 
     let ctx = Context::new()?;
     ctx.set_vm_config(spec.vcpus, spec.memory_mib)?;

@@ -24,9 +24,19 @@ pub enum OverlayError {
     Nul,
 }
 
-/// Moves the runner into a fresh mount namespace that shares nothing back with the host.
-/// Must run while the process has a single thread (`unshare(CLONE_NEWNS)` refuses otherwise).
-pub fn enter_private_namespace() -> Result<(), OverlayError> {
+/// Mounts `overlay` at `root` in a fresh private mount namespace. Must run while the
+/// process has a single thread (`unshare(CLONE_NEWNS)` refuses otherwise).
+pub fn mount_private(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        overlay.lower.display(),
+        overlay.upper.display(),
+        overlay.work.display()
+    );
+    let options = CString::new(options).map_err(|_| OverlayError::Nul)?;
+    let target =
+        CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
+
     // SAFETY: plain system call on the calling process; no memory is passed.
     if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
         return Err(OverlayError::Unshare(std::io::Error::last_os_error()));
@@ -45,20 +55,6 @@ pub fn enter_private_namespace() -> Result<(), OverlayError> {
     if private != 0 {
         return Err(OverlayError::Private(std::io::Error::last_os_error()));
     }
-    Ok(())
-}
-
-/// Mounts `overlay` at `root`; call [`enter_private_namespace`] first.
-pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        overlay.lower.display(),
-        overlay.upper.display(),
-        overlay.work.display()
-    );
-    let options = CString::new(options).map_err(|_| OverlayError::Nul)?;
-    let target =
-        CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
     // SAFETY: every pointer is a NUL-terminated string that outlives the call.
     let mounted = unsafe {
         libc::mount(

@@ -8,7 +8,6 @@
 //! it and prints its table.
 
 mod sandbox_support;
-mod worker_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -21,7 +20,6 @@ use sandbox_support::{
     timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
-use worker_support::{wait_log, worker_ok, TOKEN};
 
 /// The stack on the libkrun plugin, serving under its own adapter name.
 async fn libkrun_stack(config: Value) -> Stack {
@@ -307,105 +305,6 @@ async fn boot_failure_is_s300_with_the_cause() {
     assert!(message.contains("exit 125"), "{body}");
     assert!(message.contains("fake runner: no VM today"), "{body}");
     assert!(live_ids(&stack).await.is_empty());
-}
-
-/// A worker VM as a microVM: `/worker` is the Compose dir without `iii.yaml` (a read-only
-/// tmpfs holding read-only binds, made by the runner inside the root and seen through the
-/// root's virtio-fs share), `/state` is the host's data dir, and the root layer persists
-/// across stop and start.
-#[tokio::test(flavor = "multi_thread")]
-async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
-    let test = "worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root";
-    let project = tempfile::tempdir().expect("tempdir");
-    let compose = project.path().join("compose");
-    std::fs::create_dir(&compose).expect("compose dir");
-    std::fs::write(
-        compose.join("iii.yaml"),
-        "workers: {secret: compose-secret}\n",
-    )
-    .unwrap();
-    std::fs::write(compose.join("app.txt"), "hello from the host\n").unwrap();
-    let options = AdapterOptions {
-        plugin: PluginKind::Libkrun,
-        prefix: None,
-        env: vec![
-            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
-            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
-        ],
-        ..Default::default()
-    };
-    let stack = Stack::start(json!({}), options).await;
-    if !microvms_or_refusal(&stack, test).await {
-        return;
-    }
-    let prepared = worker_ok(
-        &stack,
-        "prepare",
-        json!({"vm_id": "api", "image": "python", "host_path": compose}),
-    )
-    .await;
-    assert_eq!(prepared["state"], "prepared", "{prepared}");
-    let script = "ls /worker; cat /worker/app.txt; \
-        touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
-        echo x >> /worker/app.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
-        [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
-        echo hi > /state/out; echo ready; sleep 1000";
-    let start = json!({"vm_id": "api", "command": ["sh", "-c", script]});
-
-    let started_at = Instant::now();
-    let started = worker_ok(&stack, "start", start.clone()).await;
-    let start_ms = ms_since(started_at);
-    assert_eq!(started["state"], "running", "{started}");
-    let log = wait_log(&stack, "api", "ready", 1, Duration::from_secs(90)).await;
-    let ready_ms = ms_since(started_at);
-    assert!(log.contains("app.txt"), "/worker is listed: {log}");
-    assert!(
-        !log.contains("iii.yaml"),
-        "the Compose file is hidden: {log}"
-    );
-    assert!(!log.contains("compose-secret"), "{log}");
-    assert!(log.contains("hello from the host"), "{log}");
-    assert!(!log.contains("root-kept"), "a fresh root: {log}");
-    assert!(
-        log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
-        "/worker and its files are read-only: {log}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(compose.join("app.txt")).unwrap(),
-        "hello from the host\n"
-    );
-    assert!(!compose.join("new").exists());
-    let data = stack.state_dir.path().join("workers/api/data/out");
-    assert_eq!(
-        std::fs::read_to_string(&data).unwrap_or_default(),
-        "hi\n",
-        "/state/out is on the host at {}",
-        data.display()
-    );
-    println!(
-        "*** worker VM start: worker::start answered in {start_ms:.0} ms, \
-         the workload's output in the log after {ready_ms:.0} ms ***"
-    );
-
-    let pid = started["pid"].as_u64().expect("pid of a running worker");
-    let stopped = worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
-    assert_eq!(stopped["state"], "stopped", "{stopped}");
-    let gone = eventually(Duration::from_secs(10), || async {
-        !Path::new(&format!("/proc/{pid}")).exists()
-    })
-    .await;
-    assert!(gone, "the VM runner {pid} outlived stop");
-
-    worker_ok(&stack, "start", start).await;
-    let log = wait_log(&stack, "api", "ready", 2, Duration::from_secs(90)).await;
-    assert!(log.contains("root-kept"), "the root layer persists: {log}");
-
-    let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "api"})).await;
-    assert_eq!(destroyed["destroyed"], true, "{destroyed}");
-    assert!(
-        !stack.state_dir.path().join("workers/api").exists(),
-        "destroy deletes the worker's state"
-    );
 }
 
 /// Timings in ms of one measured step.
