@@ -12,14 +12,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::frame::CHUNK_SIZE;
 use crate::{
-    ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
+    ExecExit, ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
     MessageError, RequestError, PROTOCOL_VERSION,
 };
-use waiters::{ExecWaiter, FsWaiter, Waiter, Waiters};
+use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.
 const EXEC_GRACE: Duration = Duration::from_secs(10);
@@ -42,6 +42,13 @@ pub enum AgentError {
     Unexpected(String),
     #[error("request could not be encoded: {0}")]
     Encode(String),
+}
+
+/// One piece of an exec's output, as [`AgentClient::exec_streaming`] hands it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputChunk {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
 }
 
 type BoxWriter = Box<dyn AsyncWrite + Unpin + Send>;
@@ -105,19 +112,47 @@ impl AgentClient {
 
     /// Runs one program in the agent. Many may run at once on one client.
     pub async fn exec(&self, spec: ExecSpec) -> Result<ExecOutcome, AgentError> {
-        let id = self.next_id();
         let (tx, rx) = oneshot::channel();
-        self.register(
-            id,
-            Waiter::Exec(ExecWaiter {
-                stdout: Vec::new(),
-                stderr: Vec::new(),
-                stdout_truncated: false,
-                stderr_truncated: false,
-                cap: spec.max_output_bytes,
-                reply: tx,
-            }),
-        )?;
+        let waiter = Waiter::Exec(ExecWaiter {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            cap: spec.max_output_bytes,
+            reply: tx,
+        });
+        self.run_exec(&spec, waiter, rx).await
+    }
+
+    /// Runs one program in the agent like [`exec`](Self::exec), but hands its output to
+    /// `sink` chunk by chunk as it arrives, stdout and stderr in the order the agent sent
+    /// them, instead of collecting it: the client keeps none of it. The agent still forwards
+    /// at most `spec.max_output_bytes` per stream (`usize::MAX` for everything). Once the
+    /// exec ends, `sink`'s receiver sees every chunk and then its end; the answer is the
+    /// agent's `ExecExit`.
+    ///
+    /// A full `sink` holds up the connection (the client reads no further frames until it
+    /// has room), which in turn holds up the program's output in the agent: memory stays
+    /// bounded by the channel's capacity. Keep receiving while the exec runs, or drop the
+    /// receiver to discard the rest.
+    pub async fn exec_streaming(
+        &self,
+        spec: ExecSpec,
+        sink: mpsc::Sender<OutputChunk>,
+    ) -> Result<ExecExit, AgentError> {
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter::ExecStream(StreamWaiter { sink, reply: tx });
+        self.run_exec(&spec, waiter, rx).await
+    }
+
+    async fn run_exec<T>(
+        &self,
+        spec: &ExecSpec,
+        waiter: Waiter,
+        rx: oneshot::Receiver<Result<T, AgentError>>,
+    ) -> Result<T, AgentError> {
+        let id = self.next_id();
+        self.register(id, waiter)?;
         let mut guard = InFlight {
             client: self,
             id,
@@ -286,7 +321,15 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, inner: std::sync::Weak<I
         };
         let id = frame.id;
         match Message::from_frame(frame) {
-            Ok(msg) => lock(&inner.waiters).deliver(id, msg),
+            Ok(msg) => {
+                let pending = lock(&inner.waiters).deliver(id, msg);
+                drop(inner);
+                if let Some(pending) = pending {
+                    // Outside the lock, so calls can still be made and sent meanwhile; but
+                    // no frame is read until this sink has room.
+                    pending.deliver().await;
+                }
+            }
             Err(e @ MessageError::BadPayload { .. })
             | Err(e @ MessageError::UnexpectedPayload(_)) => {
                 break format!("malformed message from the agent: {e}")

@@ -139,3 +139,93 @@ async fn an_agent_that_never_answers_is_reported_and_killed() {
     let kill = fake.recv().await;
     assert_eq!((kill.kind, kill.id), (Kind::ExecKill, start.id));
 }
+
+#[tokio::test]
+async fn a_streaming_exec_hands_on_every_chunk_in_order_even_through_a_full_sink() {
+    let (client, mut fake) = pair().await;
+    // Room for one chunk: the rest wait in the read loop, none is lost or reordered.
+    let (sink, mut chunks) = mpsc::channel(1);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec_streaming(spec(usize::MAX), sink).await }
+    });
+    let start = fake.recv().await;
+    assert_eq!(start.kind, Kind::ExecStart);
+    let mut sent = Vec::new();
+    for i in 0..6u8 {
+        let msg = if i % 3 == 2 {
+            Message::Stderr(vec![b'e', i])
+        } else {
+            Message::Stdout(vec![b'o', i])
+        };
+        sent.push(match &msg {
+            Message::Stdout(d) => OutputChunk::Stdout(d.clone()),
+            Message::Stderr(d) => OutputChunk::Stderr(d.clone()),
+            _ => unreachable!(),
+        });
+        fake.send(start.id, msg).await;
+    }
+    let mut end = exit();
+    end.exit_code = 3;
+    end.stdout_total = 8;
+    fake.send(start.id, Message::ExecExit(end.clone())).await;
+    let mut received = Vec::new();
+    while let Some(chunk) = chunks.recv().await {
+        received.push(chunk);
+    }
+    assert_eq!(received, sent);
+    assert_eq!(call.await.expect("task").expect("exit"), end);
+}
+
+#[tokio::test]
+async fn a_streaming_exec_whose_receiver_is_gone_still_ends_and_other_calls_go_on() {
+    let (client, mut fake) = pair().await;
+    let (sink, chunks) = mpsc::channel(1);
+    drop(chunks);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec_streaming(spec(usize::MAX), sink).await }
+    });
+    let start = fake.recv().await;
+    for _ in 0..4 {
+        fake.send(start.id, Message::Stdout(vec![b'x'; 100])).await;
+    }
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    assert_eq!(call.await.expect("task").expect("exit"), exit());
+    let other = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(spec(10)).await }
+    });
+    let start = fake.recv().await;
+    fake.send(start.id, Message::Stdout(b"ok".to_vec())).await;
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    assert_eq!(other.await.expect("task").expect("outcome").stdout, b"ok");
+}
+
+#[tokio::test]
+async fn a_streaming_exec_fails_when_the_connection_is_lost() {
+    let (client, mut fake) = pair().await;
+    let (sink, mut chunks) = mpsc::channel(4);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec_streaming(spec(usize::MAX), sink).await }
+    });
+    let start = fake.recv().await;
+    fake.send(start.id, Message::Stdout(b"partial".to_vec()))
+        .await;
+    drop(fake);
+    let result = call.await.expect("task");
+    assert!(
+        matches!(result, Err(AgentError::ConnectionLost(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        chunks.recv().await,
+        Some(OutputChunk::Stdout(b"partial".to_vec()))
+    );
+    assert_eq!(
+        chunks.recv().await,
+        None,
+        "the sink ends with the connection"
+    );
+}

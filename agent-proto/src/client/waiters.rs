@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::client::AgentError;
+use crate::client::{AgentError, OutputChunk};
 use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, AgentError>>;
@@ -19,6 +19,12 @@ pub(crate) struct ExecWaiter {
     pub reply: Reply<ExecOutcome>,
 }
 
+/// An exec whose output goes to the caller's sink as it arrives (nothing kept here).
+pub(crate) struct StreamWaiter {
+    pub sink: mpsc::Sender<OutputChunk>,
+    pub reply: Reply<ExecExit>,
+}
+
 pub(crate) struct FsWaiter {
     pub data: Vec<u8>,
     pub cap: usize,
@@ -27,8 +33,23 @@ pub(crate) struct FsWaiter {
 
 pub(crate) enum Waiter {
     Exec(ExecWaiter),
+    ExecStream(StreamWaiter),
     Fs(FsWaiter),
     Shutdown(Reply<()>),
+}
+
+/// A chunk for a sink that had no room when it arrived: the read loop waits for room
+/// (outside the lock) before it reads the next frame.
+pub(crate) struct Pending {
+    pub sink: mpsc::Sender<OutputChunk>,
+    pub chunk: OutputChunk,
+}
+
+impl Pending {
+    pub async fn deliver(self) {
+        // A closed sink means the caller stopped listening; the chunk is dropped.
+        let _ = self.sink.send(self.chunk).await;
+    }
 }
 
 impl Waiter {
@@ -36,6 +57,7 @@ impl Waiter {
         // A dropped receiver means the caller gave up; nothing to tell it.
         match self {
             Waiter::Exec(w) => drop(w.reply.send(Err(err))),
+            Waiter::ExecStream(w) => drop(w.reply.send(Err(err))),
             Waiter::Fs(w) => drop(w.reply.send(Err(err))),
             Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
         }
@@ -80,11 +102,10 @@ impl Waiters {
     }
 
     /// Routes one message from the agent to its request. Messages for ids no longer
-    /// waited for (a caller that gave up) are dropped.
-    pub fn deliver(&mut self, id: u32, msg: Message) {
-        let Some(waiter) = self.map.get_mut(&id) else {
-            return;
-        };
+    /// waited for (a caller that gave up) are dropped. An output chunk for a full sink comes
+    /// back, for the caller to wait for room without holding the lock.
+    pub fn deliver(&mut self, id: u32, msg: Message) -> Option<Pending> {
+        let waiter = self.map.get_mut(&id)?;
         match (waiter, msg) {
             (Waiter::Exec(w), Message::Stdout(data)) => {
                 append_capped(&mut w.stdout, &data, w.cap, &mut w.stdout_truncated)
@@ -102,6 +123,19 @@ impl Waiters {
                         &exit,
                     );
                     drop(w.reply.send(Ok(outcome)));
+                }
+            }
+            (Waiter::ExecStream(w), Message::Stdout(data)) => {
+                return offer(&w.sink, OutputChunk::Stdout(data))
+            }
+            (Waiter::ExecStream(w), Message::Stderr(data)) => {
+                return offer(&w.sink, OutputChunk::Stderr(data))
+            }
+            (Waiter::ExecStream(_), Message::ExecExit(exit)) => {
+                // Dropping the waiter drops its sink: the caller's receiver ends after the
+                // last chunk.
+                if let Some(Waiter::ExecStream(w)) = self.map.remove(&id) {
+                    drop(w.reply.send(Ok(exit)));
                 }
             }
             (Waiter::Fs(w), Message::Data { data, .. }) => {
@@ -143,6 +177,18 @@ impl Waiters {
                 }
             }
         }
+        None
+    }
+}
+
+/// Hands `chunk` to `sink` if it has room; otherwise it comes back to be waited for.
+fn offer(sink: &mpsc::Sender<OutputChunk>, chunk: OutputChunk) -> Option<Pending> {
+    match sink.try_send(chunk) {
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => None,
+        Err(mpsc::error::TrySendError::Full(chunk)) => Some(Pending {
+            sink: sink.clone(),
+            chunk,
+        }),
     }
 }
 
