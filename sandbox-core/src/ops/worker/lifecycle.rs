@@ -7,24 +7,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_proto::client::{AgentClient, AgentError};
-use agent_proto::{ExecOutcome, ExecSpec};
-use tokio::sync::watch;
+use agent_proto::client::{AgentClient, AgentError, OutputChunk};
+use agent_proto::{ExecExit, ExecSpec};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
 
 use super::guest_env::guest_env;
 use super::record::{now_rfc3339, WorkerRecord, WorkerState};
+use super::safe_fs;
 use super::tree::read_only_tree;
 use crate::backend::{Backend, BootSpec, GuestMount, Mount, SandboxProcess};
 use crate::error::SandboxError;
 use crate::ops::create::{check_image_caps, AGENT_HELLO_TIMEOUT};
 use crate::plugin::SandboxPlugin;
 
-/// Where the guest finds the host directory (read-only), its state, and its log directory.
+/// Where the guest finds the host directory (read-only) and its state. The log is not among
+/// them: the adapter writes it from the program's output, where no guest can reach it.
 pub const WORKER_DIR: &str = "/worker";
 pub const STATE_DIR: &str = "/state";
-pub const LOG_DIR: &str = "/iii-logs";
-/// Runs the program with its output appended to the log (so it needs `/bin/sh` in the image).
-const WRAPPER: &str = "exec \"$@\" >>/iii-logs/worker.log 2>&1";
+/// Output chunks on their way to the log (each one frame: at most 1 MiB, 256 KiB from today's
+/// agent); a full channel holds up the program's output in the agent, so the adapter never
+/// holds more than this many (plus one waiting for room).
+const LOG_CHANNEL_CHUNKS: usize = 8;
 /// How long the agent gets to end its programs before the VM is killed.
 const AGENT_GOODBYE: Duration = Duration::from_secs(2);
 /// How long a teardown may take once the VM is killed.
@@ -109,13 +113,8 @@ async fn boot<B: Backend>(
         .dirs
         .create(&vm_id)
         .map_err(|e| boot_error("cannot create the worker's state directory", e))?;
-    if let Err(e) = trim_log(
-        &workers.dirs.log_file(&vm_id),
-        LOG_TRIM_BYTES,
-        LOG_KEPT_BYTES,
-    ) {
-        tracing::warn!(vm_id, error = %e, "cannot trim a worker VM's log");
-    }
+    let log = open_log(&vm_id, &workers.dirs.log_file(&vm_id))
+        .map_err(|e| boot_error("cannot open the worker's log", e))?;
     let layer = workers.dirs.layer(&vm_id);
     // What an adapter that died (kill -9) may have left of this VM's last boot.
     crate::layer::kill_recorded_process(&layer);
@@ -123,16 +122,11 @@ async fn boot<B: Backend>(
 
     let mut mounts = read_only_tree(&host, WORKER_DIR, workers.roots.hidden())
         .map_err(|e| boot_error(&format!("cannot read {}", host.display()), e))?;
-    for (host, guest) in [
-        (workers.dirs.data(&vm_id), STATE_DIR),
-        (workers.dirs.logs(&vm_id), LOG_DIR),
-    ] {
-        mounts.push(GuestMount::Bind(Mount {
-            host,
-            guest: guest.into(),
-            read_only: false,
-        }));
-    }
+    mounts.push(GuestMount::Bind(Mount {
+        host: workers.dirs.data(&vm_id),
+        guest: STATE_DIR.into(),
+        read_only: false,
+    }));
     let spec = BootSpec {
         sandbox_id: format!("worker-{vm_id}"),
         image_root: image.rootfs.clone(),
@@ -169,16 +163,14 @@ async fn boot<B: Backend>(
         }
     };
 
-    let mut argv: Vec<String> = ["/bin/sh", "-c", WRAPPER, "sh"].map(String::from).to_vec();
-    argv.extend(record.command.iter().cloned());
     let program = ExecSpec {
-        argv,
+        argv: record.command.clone(),
         env: guest_env(&image.config.env, &record.env, &vm_id, &workers.engine_url),
         workdir: record.workdir.clone().or_else(|| Some(WORKER_DIR.into())),
         stdin: Vec::new(),
-        // An internal call: no deadline, and the output goes to the log, not to us.
+        // An internal call: no deadline, and all of the output, streamed into the log.
         timeout_ms: 0,
-        max_output_bytes: 0,
+        max_output_bytes: usize::MAX,
     };
     let run = Arc::new(Run {
         agent,
@@ -199,10 +191,46 @@ async fn boot<B: Backend>(
     super::lock(&workers.runs).insert(vm_id.clone(), Arc::clone(&run));
     let plugin = Arc::clone(plugin);
     tokio::spawn(async move {
-        let outcome = run.agent.exec(program).await;
+        let (sink, chunks) = mpsc::channel(LOG_CHANNEL_CHUNKS);
+        let (outcome, ()) = tokio::join!(
+            run.agent.exec_streaming(program, sink),
+            write_log(&vm_id, log, chunks)
+        );
         finish(&plugin, &vm_id, &run, outcome).await;
     });
     Ok(())
+}
+
+/// The worker's log, ready for this boot's output: whatever is not a regular file where it
+/// should be (a link left by an older version, which let the guest write `logs/`) is removed,
+/// never followed; a log over [`LOG_TRIM_BYTES`] is cut to its tail.
+fn open_log(vm_id: &str, path: &Path) -> io::Result<std::fs::File> {
+    if safe_fs::remove_unless_regular(path)? {
+        tracing::warn!(vm_id, "a worker VM's log was not a regular file: replaced");
+    }
+    if let Err(e) = trim_log(path, LOG_TRIM_BYTES, LOG_KEPT_BYTES) {
+        tracing::warn!(vm_id, error = %e, "cannot trim a worker VM's log");
+    }
+    safe_fs::open_append(path)
+}
+
+/// Appends the program's output to its log as it arrives, stdout and stderr in the order they
+/// came; returns once the exec's output has ended. A write that fails (a full disk) loses its
+/// chunk, not the ones after it.
+async fn write_log(vm_id: &str, log: std::fs::File, mut chunks: mpsc::Receiver<OutputChunk>) {
+    let mut log = tokio::fs::File::from_std(log);
+    let mut warned = false;
+    while let Some(chunk) = chunks.recv().await {
+        let (OutputChunk::Stdout(data) | OutputChunk::Stderr(data)) = chunk;
+        if let Err(e) = log.write_all(&data).await {
+            if !std::mem::replace(&mut warned, true) {
+                tracing::warn!(vm_id, error = %e, "cannot write a worker VM's log");
+            }
+        }
+    }
+    if let Err(e) = log.flush().await {
+        tracing::warn!(vm_id, error = %e, "cannot write a worker VM's log");
+    }
 }
 
 /// The program ended (or its VM died): tear the VM down and, unless a caller is settling it,
@@ -211,13 +239,13 @@ async fn finish<B: Backend>(
     plugin: &SandboxPlugin<B>,
     vm_id: &str,
     run: &Arc<Run>,
-    outcome: Result<ExecOutcome, AgentError>,
+    outcome: Result<ExecExit, AgentError>,
 ) {
     run.program_ended.store(true, Ordering::SeqCst);
     teardown(plugin, run).await;
     if !run.stop_requested.load(Ordering::SeqCst) {
         let (state, exit_code, error) = match outcome {
-            Ok(outcome) => (WorkerState::Exited, Some(outcome.exit_code), None),
+            Ok(exit) => (WorkerState::Exited, Some(exit.exit_code), None),
             Err(e) => (
                 WorkerState::Failed,
                 None,
@@ -277,13 +305,15 @@ pub async fn kill_run<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
 }
 
 /// The last `max_bytes` of `path` (nothing if it does not exist yet), and whether more came
-/// before them.
+/// before them. A link or anything else but a regular file there is refused.
 pub fn tail(path: &Path, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
-    let mut file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
-        Err(e) => return Err(e),
-    };
+    match safe_fs::open_read(path)? {
+        Some(file) => tail_of(file, max_bytes),
+        None => Ok((Vec::new(), false)),
+    }
+}
+
+fn tail_of(mut file: std::fs::File, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
     let length = file.metadata()?.len();
     let start = length.saturating_sub(max_bytes);
     file.seek(SeekFrom::Start(start))?;
@@ -293,17 +323,18 @@ pub fn tail(path: &Path, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
 }
 
 /// Cuts `path` to its last `keep` bytes when it is over `limit` (nothing writes to it: the
-/// VM is not running).
+/// VM is not running): the tail goes to a new file beside it, renamed over it. Neither the log
+/// nor the temporary is followed if it is a link.
 fn trim_log(path: &Path, limit: u64, keep: u64) -> io::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.len() > limit => {}
-        Ok(_) => return Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
+    let Some(file) = safe_fs::open_read(path)? else {
+        return Ok(());
+    };
+    if file.metadata()?.len() <= limit {
+        return Ok(());
     }
-    let (content, _) = tail(path, keep)?;
+    let (content, _) = tail_of(file, keep)?;
     let temporary = path.with_extension("log.tmp");
-    std::fs::write(&temporary, content)?;
+    safe_fs::write_new(&temporary, &content)?;
     std::fs::rename(&temporary, path)
 }
 
@@ -323,6 +354,62 @@ mod tests {
         std::fs::write(&log, b"abcde").unwrap();
         trim_log(&log, 4, 2).unwrap();
         assert_eq!(std::fs::read(&log).unwrap(), b"de");
+    }
+
+    #[test]
+    fn trimming_never_writes_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let canary = dir.path().join("canary");
+        std::fs::write(&canary, b"host file").unwrap();
+        let log = dir.path().join("worker.log");
+        let temporary = dir.path().join("worker.log.tmp");
+        // A regular log over the limit and a link where the temporary goes.
+        std::fs::write(&log, b"abcde").unwrap();
+        std::os::unix::fs::symlink(&canary, &temporary).unwrap();
+        trim_log(&log, 4, 2).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"de");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
+        assert!(!temporary.exists(), "the temporary is renamed away");
+        // The log itself a link to a file over the limit: refused, nothing written.
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&canary, &log).unwrap();
+        assert!(trim_log(&log, 4, 2).is_err());
+        assert!(tail(&log, 100).is_err(), "tail refuses a link");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
+        assert!(std::fs::symlink_metadata(&log).unwrap().is_symlink());
+    }
+
+    #[test]
+    fn the_log_opened_at_a_start_replaces_a_link_and_appends_to_a_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let canary = dir.path().join("canary");
+        std::fs::write(&canary, b"host file").unwrap();
+        let log = dir.path().join("worker.log");
+        std::os::unix::fs::symlink(&canary, &log).unwrap();
+        open_log("w", &log).unwrap().write_all(b"one\n").unwrap();
+        open_log("w", &log).unwrap().write_all(b"two\n").unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"one\ntwo\n");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
+    }
+
+    #[tokio::test]
+    async fn the_log_gets_both_streams_in_arrival_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker.log");
+        let (sink, chunks) = mpsc::channel(1);
+        let file = safe_fs::open_append(&log).unwrap();
+        let writer = tokio::spawn(async move { write_log("w", file, chunks).await });
+        for chunk in [
+            OutputChunk::Stdout(b"out1 ".to_vec()),
+            OutputChunk::Stderr(b"err1 ".to_vec()),
+            OutputChunk::Stdout(b"out2".to_vec()),
+        ] {
+            sink.send(chunk).await.unwrap();
+        }
+        drop(sink);
+        writer.await.unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"out1 err1 out2");
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! A worker VM is a sandbox booted by the same backend as any other, but it is not counted
 //! against `max_concurrent_sandboxes`, never idle-reaped, not listed by `list`, and its root
 //! overlay's writable layer persists under `<state_dir>/workers/<vm_id>/` (see [`record`]).
-//! The guest sees the host directory read-only at `/worker` (minus the Compose file), its
-//! own `data/` read-write at `/state`, and its program's log directory at `/iii-logs`; its
-//! program runs as one exec without timeout, its output appended to `logs/worker.log`.
+//! The guest sees the host directory read-only at `/worker` (minus the Compose file) and its
+//! own `data/` read-write at `/state`; its program runs as one exec without timeout, and the
+//! adapter appends the output streamed back by the agent to `logs/worker.log`, a directory
+//! no guest sees (opened without following links: see [`safe_fs`]).
 //!
 //! Each VM's operations are serialised by a per-`vm_id` lock; `status` and `logs` only read.
 
@@ -14,6 +15,7 @@ mod guest_env;
 mod lifecycle;
 mod record;
 mod roots;
+mod safe_fs;
 pub mod schema;
 mod tree;
 

@@ -1,11 +1,10 @@
 //! A worker VM's state on disk: `<state_dir>/workers/<vm_id>/` holds `worker.json` (the
 //! prepared spec, the last start's command and the last known state), `layer/` (the root
 //! overlay's upper and work directories: persistent, so what the VM installs survives
-//! restarts), `data/` (the guest's `/state`) and `logs/worker.log` (the program's output).
-//! The worker token is never written here.
+//! restarts), `data/` (the guest's `/state`) and `logs/worker.log` (the program's output,
+//! written by the adapter; no guest sees `logs/`). The worker token is never written here.
 
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -127,17 +126,9 @@ impl WorkerDirs {
         let dir = self.dir(&record.vm_id);
         let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
         let temporary = dir.join(format!("{RECORD_FILE}.tmp"));
-        // Owner-only: the guest environment may hold the project's other secrets. A leftover
-        // temporary file would keep its old mode.
-        let _ = std::fs::remove_file(&temporary);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)?;
-        file.write_all(&json)?;
-        drop(file);
+        // Owner-only (the guest environment may hold the project's other secrets), and always
+        // a new file: a leftover would keep its old mode, a link would be written through.
+        super::safe_fs::write_new(&temporary, &json)?;
         std::fs::rename(&temporary, dir.join(RECORD_FILE))
     }
 
