@@ -1,13 +1,16 @@
 //! sandbox-agent: the guest agent. It runs as PID 1 of a sandbox (a libkrun microVM or a
 //! bubblewrap namespace), speaks agent-proto with the host over one byte stream
 //! (`--stdio`, `--vsock-port N`, or `--unix PATH`), runs execs and fs operations, reaps
-//! every zombie and forwards SIGTERM/SIGINT to its execs. It is not the host side: the
+//! every zombie and forwards SIGTERM/SIGINT to its execs. With a leading `--confine` it
+//! first locks the sandbox down (read-only kernel knobs, Docker's capabilities, seccomp)
+//! and refuses to serve if it cannot. It is not the host side: the
 //! client lives in agent-proto, the policy (limits, S-codes) in sandbox-core.
 //!
 //! Threads plus poll rather than an async runtime: each exec is one thread blocked in
 //! poll on its two pipes, the binary stays small and static, and PID 1 duties (sigwait,
 //! waitpid(-1)) fit a plain thread naturally.
 
+mod confine;
 mod exec;
 mod fs;
 mod log;
@@ -21,7 +24,7 @@ use std::process::ExitCode;
 
 use log::log;
 
-const USAGE: &str = "usage: sandbox-agent (--stdio | --vsock-port PORT | --unix PATH)";
+const USAGE: &str = "usage: sandbox-agent [--confine] (--stdio | --vsock-port PORT | --unix PATH)";
 
 enum Mode {
     Stdio,
@@ -40,10 +43,25 @@ fn parse_args(args: &[String]) -> Option<Mode> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(mode) = parse_args(&args) else {
+    let (confine, args) = match args.split_first() {
+        Some((first, rest)) if first == "--confine" => (true, rest),
+        _ => (false, &args[..]),
+    };
+    let Some(mode) = parse_args(args) else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    // Before any thread exists (the seccomp filter is applied to this thread only, and
+    // every later thread and exec inherits it). Fail closed: never serve unconfined.
+    if confine {
+        match confine::confine() {
+            Ok(done) => log!("{done}"),
+            Err(e) => {
+                log!("cannot confine the sandbox, not serving: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     // Before any thread exists, so every thread inherits the mask.
     if let Err(e) = sys::block_handled_signals() {
         log!("cannot block signals: {e}");

@@ -1,0 +1,502 @@
+//! `--confine`: locks the sandbox down before the agent serves anything. The agent starts as
+//! uid 0 of the sandbox's own user namespace with every capability of that namespace; this
+//! makes the kernel knobs read-only, keeps only Docker's default capabilities, sets
+//! no_new_privs and installs a seccomp filter that every exec inherits. Any failure is
+//! fatal to the caller: a sandbox is never served half-confined.
+//!
+//! Order matters: the mounts need CAP_SYS_ADMIN, so they come before the capabilities go;
+//! the filter comes last (it denies mount, so nothing after it could remount anything).
+//! Everything here runs while the agent is still single-threaded.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("{what}: {source}")]
+    Sys {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("/proc/sys/kernel/cap_last_cap holds {0:?}, not a capability number")]
+    CapLastCap(String),
+    #[error("seccomp filter: {0}")]
+    Filter(#[from] seccompiler::Error),
+    #[error("seccomp filter: {0}")]
+    Rule(#[from] seccompiler::BackendError),
+}
+
+fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ConfineError {
+    let what = what.into();
+    move |source| ConfineError::Sys { what, source }
+}
+
+/// What was done, for the one log line.
+pub struct Confined {
+    proc_knobs: Vec<&'static str>,
+    sys_mounts: usize,
+    caps_dropped: u32,
+    syscalls_denied: usize,
+}
+
+impl fmt::Display for Confined {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sandbox confined: read-only {} and {} mounts at or under /sys; {} capabilities \
+             dropped (Docker's default set kept, none ambient or inheritable); no_new_privs; \
+             seccomp denies {} syscalls, new user namespaces and clone3",
+            self.proc_knobs.join(" "),
+            self.sys_mounts,
+            self.caps_dropped,
+            self.syscalls_denied,
+        )
+    }
+}
+
+/// Runs the four steps in order; see the module comment.
+pub fn confine() -> Result<Confined, ConfineError> {
+    let last_cap = read_last_cap()?;
+    let proc_knobs = read_only_proc_knobs()?;
+    let sys_mounts = read_only_sys()?;
+    let caps_dropped = drop_capabilities(last_cap)?;
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)")(
+            io::Error::last_os_error(),
+        ));
+    }
+    let syscalls_denied = install_seccomp()?;
+    Ok(Confined {
+        proc_knobs,
+        sys_mounts,
+        caps_dropped,
+        syscalls_denied,
+    })
+}
+
+// ---- 1. read-only kernel knobs ----
+
+/// The parts of a fresh /proc that reach outside the sandbox (sysctls, sysrq, irq
+/// affinity, bus devices, fs tunables): what Docker and bwrap cover with read-only binds.
+const PROC_KNOBS: [&str; 5] = [
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
+
+const RO_FLAGS: libc::c_ulong = libc::MS_REMOUNT
+    | libc::MS_BIND
+    | libc::MS_RDONLY
+    | libc::MS_NOSUID
+    | libc::MS_NODEV
+    | libc::MS_NOEXEC;
+
+fn read_only_proc_knobs() -> Result<Vec<&'static str>, ConfineError> {
+    let mut done = Vec::new();
+    for path in PROC_KNOBS {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(sys_err(format!("stat {path}"))(e)),
+        }
+        // A bind onto itself makes the path its own mount, which can then be made
+        // read-only without touching the rest of /proc.
+        mount(path, libc::MS_BIND).map_err(sys_err(format!("bind {path} onto itself")))?;
+        mount(path, RO_FLAGS).map_err(sys_err(format!("remount {path} read-only")))?;
+        done.push(path);
+    }
+    Ok(done)
+}
+
+/// /sys and every mount below it (cgroups, securityfs, debugfs...): a read-only /sys
+/// alone would leave its submounts writable. Already read-only ones are left alone.
+/// Returns how many were remounted.
+fn read_only_sys() -> Result<usize, ConfineError> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(sys_err("read /proc/self/mountinfo"))?;
+    let mut done = 0;
+    for path in writable_mounts_under_sys(&mountinfo) {
+        match mount(&path, RO_FLAGS) {
+            Ok(()) => done += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(sys_err(format!("remount {path} read-only"))(e)),
+        }
+    }
+    Ok(done)
+}
+
+/// Mount points at or under /sys whose mount options say `rw`, in mountinfo order
+/// (parents before children), without duplicates.
+fn writable_mounts_under_sys(mountinfo: &str) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for line in mountinfo.lines() {
+        let mut fields = line.split(' ');
+        let (Some(point), Some(options)) = (fields.nth(4), fields.next()) else {
+            continue;
+        };
+        let point = unescape(point);
+        let under_sys = point == "/sys" || point.starts_with("/sys/");
+        let writable = options.split(',').any(|o| o == "rw");
+        if under_sys && writable && !paths.contains(&point) {
+            paths.push(point);
+        }
+    }
+    paths
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|s| u8::from_str_radix(s, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `mount(path, path, NULL, flags, NULL)`: a bind of `path` onto itself, or a remount.
+fn mount(path: &str, flags: libc::c_ulong) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; a null fstype
+    // and data are allowed for binds and remounts.
+    let rc = unsafe {
+        libc::mount(
+            c.as_ptr(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+// ---- 2. capabilities ----
+
+/// Docker's default capability set (moby's `DefaultCapabilities`), by number.
+const KEEP: [u32; 14] = [
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    5,  // CAP_KILL
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    8,  // CAP_SETPCAP
+    10, // CAP_NET_BIND_SERVICE
+    13, // CAP_NET_RAW
+    18, // CAP_SYS_CHROOT
+    27, // CAP_MKNOD
+    29, // CAP_AUDIT_WRITE
+    31, // CAP_SETFCAP
+];
+
+fn read_last_cap() -> Result<u32, ConfineError> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .map_err(sys_err("read /proc/sys/kernel/cap_last_cap"))?;
+    let n: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| ConfineError::CapLastCap(text.clone()))?;
+    // Capability sets are two 32-bit words; a larger number is not a kernel we know.
+    if n > 63 {
+        return Err(ConfineError::CapLastCap(text));
+    }
+    Ok(n)
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Drops every capability outside KEEP from the bounding set (so no exec can regain it),
+/// clears the ambient set and sets effective = permitted = KEEP. Inheritable is left
+/// empty, as Docker does since CVE-2022-24769: root's execs get the bounding set anyway,
+/// and a non-root program must not pick capabilities up from file inheritable bits.
+/// Returns how many capabilities were dropped.
+fn drop_capabilities(last_cap: u32) -> Result<u32, ConfineError> {
+    let mut dropped = 0;
+    for cap in (0..=last_cap).filter(|c| !KEEP.contains(c)) {
+        // SAFETY: PR_CAPBSET_DROP takes one integer argument, a valid capability number.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if rc != 0 {
+            return Err(sys_err(format!(
+                "drop capability {cap} from the bounding set"
+            ))(io::Error::last_os_error()));
+        }
+        dropped += 1;
+    }
+    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(sys_err("clear the ambient capabilities")(
+            io::Error::last_os_error(),
+        ));
+    }
+    let keep = KEEP.iter().fold(0u32, |mask, cap| mask | (1 << cap));
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [
+        CapData {
+            effective: keep,
+            permitted: keep,
+            inheritable: 0,
+        },
+        CapData::default(),
+    ];
+    // SAFETY: version 3 reads one header and two data structs, both valid for the call
+    // and laid out as the kernel's (repr(C), three u32s each).
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    if rc != 0 {
+        return Err(sys_err("capset")(io::Error::last_os_error()));
+    }
+    Ok(dropped)
+}
+
+// ---- 4. seccomp ----
+
+/// Kernel interfaces a container has no use for: module and kexec loading, bpf, perf,
+/// the keyring (not namespaced), userfaultfd, file handles (escape a bind mount), every
+/// mount API, swap, reboot, accounting, the kernel log, port I/O, quotas, joining other
+/// namespaces and writing other processes' memory. They fail with EPERM.
+fn denied_syscalls() -> Vec<libc::c_long> {
+    let mut list = vec![
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_userfaultfd,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_acct,
+        libc::SYS_syslog,
+        libc::SYS_quotactl,
+        libc::SYS_lookup_dcookie,
+        libc::SYS_setns,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_mount_setattr,
+        libc::SYS_process_vm_writev,
+    ];
+    // Port I/O exists on x86 only.
+    #[cfg(target_arch = "x86_64")]
+    list.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    list
+}
+
+fn arg0(op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, ConfineError> {
+    Ok(SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        op,
+        value,
+    )?)
+}
+
+/// The EPERM filter: the list above, personality other than Linux / Linux32 / query
+/// (other personalities change the address-space layout, e.g. READ_IMPLIES_EXEC), and
+/// unshare or clone asking for a new user namespace (which would hand a process a fresh
+/// full capability set; clone's flags are arg0 on x86_64 and aarch64 alike).
+fn eperm_filter(arch: TargetArch) -> Result<BpfProgram, ConfineError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
+        .into_iter()
+        .map(|nr| (nr, Vec::new()))
+        .collect();
+    rules.insert(
+        libc::SYS_personality,
+        vec![SeccompRule::new(vec![
+            arg0(SeccompCmpOp::Ne, 0)?,
+            arg0(SeccompCmpOp::Ne, 0x0008)?,
+            arg0(SeccompCmpOp::Ne, 0xffff_ffff)?,
+        ])?],
+    );
+    let newuser = libc::CLONE_NEWUSER as u64;
+    for nr in [libc::SYS_unshare, libc::SYS_clone] {
+        let rule = SeccompRule::new(vec![arg0(SeccompCmpOp::MaskedEq(newuser), newuser)?])?;
+        rules.insert(nr, vec![rule]);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?;
+    Ok(filter.try_into()?)
+}
+
+/// clone3 passes its flags in memory, where a filter cannot look; ENOSYS makes libc fall
+/// back to clone, whose flags the EPERM filter checks (Docker does the same).
+fn clone3_filter(arch: TargetArch) -> Result<BpfProgram, ConfineError> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    Ok(filter.try_into()?)
+}
+
+/// On x86_64, x32 syscalls carry the x86_64 audit arch with bit 30 set in the number, so
+/// the exact-number filters above would not see `mount` called that way on a kernel with
+/// x32 enabled: all of them fail with ENOSYS, as on a kernel without x32. (Other audit
+/// arches, i386 included, are killed by seccompiler's arch check.)
+#[cfg(target_arch = "x86_64")]
+fn x32_filter() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let op = |code: u32| code as u16;
+    vec![
+        // A = seccomp_data.nr
+        sock_filter {
+            code: op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS),
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        sock_filter {
+            code: op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K),
+            jt: 0,
+            jf: 1,
+            k: X32_SYSCALL_BIT,
+        },
+        sock_filter {
+            code: op(libc::BPF_RET | libc::BPF_K),
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        },
+        sock_filter {
+            code: op(libc::BPF_RET | libc::BPF_K),
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ]
+}
+
+/// Installs the filters on this (still the only) thread; every thread and exec after
+/// inherits them. Returns how many syscalls fail outright.
+fn install_seccomp() -> Result<usize, ConfineError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)?;
+    let mut programs = vec![eperm_filter(arch)?, clone3_filter(arch)?];
+    #[cfg(target_arch = "x86_64")]
+    programs.push(x32_filter());
+    for program in &programs {
+        seccompiler::apply_filter(program)?;
+    }
+    Ok(denied_syscalls().len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_under_sys_that_are_writable() {
+        let info = "\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+23 27 0:22 / /sys rw,relatime - sysfs sysfs rw
+24 23 0:7 / /sys/kernel/security ro,nosuid - securityfs securityfs rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 27 0:29 / /sysroot rw - ext4 /dev/vda rw
+33 23 0:30 / /sys/with\\040space rw - tmpfs tmpfs rw
+34 23 0:31 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw
+";
+        assert_eq!(
+            writable_mounts_under_sys(info),
+            ["/sys", "/sys/fs/cgroup", "/sys/with space"]
+        );
+        assert!(writable_mounts_under_sys("").is_empty());
+        assert!(writable_mounts_under_sys("short line\n").is_empty());
+    }
+
+    #[test]
+    fn unescape_decodes_octal_and_keeps_the_rest() {
+        assert_eq!(unescape(r"/a\040b\134c"), r"/a b\c");
+        assert_eq!(unescape(r"/trailing\04"), r"/trailing\04");
+        assert_eq!(unescape(r"/not\999octal"), r"/not\999octal");
+    }
+
+    #[test]
+    fn the_filters_compile_for_this_arch() {
+        let arch = TargetArch::try_from(std::env::consts::ARCH).expect("supported arch");
+        assert!(!eperm_filter(arch).expect("eperm filter").is_empty());
+        assert!(!clone3_filter(arch).expect("clone3 filter").is_empty());
+    }
+
+    #[test]
+    fn the_kept_set_is_dockers() {
+        let keep = KEEP.iter().fold(0u32, |mask, cap| mask | (1 << cap));
+        assert_eq!(keep, 0xa804_25fb);
+        assert!(!KEEP.contains(&21), "CAP_SYS_ADMIN is never kept");
+    }
+}
