@@ -637,3 +637,189 @@ async fn a_program_that_ignores_sigterm_is_killed_after_the_timeout() {
     );
     assert_eq!(status(&stack, "stubborn").await["state"], "stopped");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_command_runs_without_a_shell_and_both_streams_reach_the_log() {
+    if !bwrap_usable("the_command_runs_without_a_shell_and_both_streams_reach_the_log") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "streams", &project.dir()).await;
+    // Spaces and `$` reach the program as they are: no shell between.
+    let command = json!(["/bin/echo", "two  spaces", "$HOME", "'quoted'"]);
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "streams", "command": command}),
+    )
+    .await;
+    let done = wait_state(&stack, "streams", "exited").await;
+    assert_eq!(done["exit_code"], 0, "{done}");
+    let log = log_of(&stack, "streams").await;
+    assert_eq!(log, "two  spaces $HOME 'quoted'\n");
+
+    let script = "echo out-1; sleep 0.3; echo err-1 >&2; sleep 0.3; echo out-2; \
+        sleep 0.3; echo err-2 >&2; exit 5";
+    start_sh(&stack, "streams", script, json!({})).await;
+    let done = wait_state(&stack, "streams", "exited").await;
+    assert_eq!(done["exit_code"], 5, "{done}");
+    let log = log_of(&stack, "streams").await;
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle} is not in the log: {log}"))
+    };
+    assert!(
+        at("two  spaces") < at("out-1")
+            && at("out-1") < at("err-1")
+            && at("err-1") < at("out-2")
+            && at("out-2") < at("err-2"),
+        "stdout and stderr in the order they were written, after the first run's: {log}"
+    );
+
+    // A program the image lacks: the agent's message is in the log, and exit code 127.
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "streams", "command": ["no-such-program-here"]}),
+    )
+    .await;
+    let done = wait_state(&stack, "streams", "exited").await;
+    assert_eq!(done["exit_code"], 127, "{done}");
+    let log = log_of(&stack, "streams").await;
+    assert!(log.contains("no-such-program-here"), "{log}");
+}
+
+/// A host file a hostile guest (or an older adapter's leftovers) tries to reach through a
+/// link: its content and mtime must never change, and no answer may carry its content.
+struct Canary {
+    path: PathBuf,
+    content: String,
+    mtime: std::time::SystemTime,
+}
+
+impl Canary {
+    fn new(dir: &Path, name: &str) -> Canary {
+        let path = dir.join(name);
+        let content = format!("CANARY-{name}-{}\n", std::process::id());
+        std::fs::write(&path, &content).unwrap();
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        Canary {
+            path,
+            content,
+            mtime,
+        }
+    }
+
+    fn assert_untouched(&self, when: &str) {
+        let now = std::fs::read_to_string(&self.path).unwrap();
+        assert_eq!(
+            now,
+            self.content,
+            "{when}: {} was written",
+            self.path.display()
+        );
+        let mtime = std::fs::metadata(&self.path).unwrap().modified().unwrap();
+        assert_eq!(
+            mtime,
+            self.mtime,
+            "{when}: {} was touched",
+            self.path.display()
+        );
+    }
+
+    fn assert_not_in(&self, text: &str, when: &str) {
+        assert!(
+            !text.contains(self.content.trim()),
+            "{when}: {} leaked: {text}",
+            self.path.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_adapter_never_follows_links_planted_for_the_log() {
+    if !bwrap_usable("the_adapter_never_follows_links_planted_for_the_log") {
+        return;
+    }
+    let project = Project::new();
+    let canaries = tempfile::tempdir().unwrap();
+    let shadow = Canary::new(canaries.path(), "shadow");
+    let overwritten = Canary::new(canaries.path(), "overwritten");
+    let check = |when: &str, text: &str| {
+        for canary in [&shadow, &overwritten] {
+            canary.assert_untouched(when);
+            canary.assert_not_in(text, when);
+        }
+    };
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "hostile", &project.dir()).await;
+    let logs_dir = worker_dir(&stack, "hostile").join("logs");
+    let host_log = logs_dir.join("worker.log");
+
+    // The attack of issue 8, from inside: the guest sets up links where the log used to be
+    // mounted (/iii-logs) and writes more than the trim limit (16 MiB).
+    let script = format!(
+        "mkdir -p /iii-logs && ln -sf {shadow} /iii-logs/worker.log && \
+         ln -sf {overwritten} /iii-logs/worker.log.tmp && echo LINKS-PLANTED; \
+         head -c 17825792 /dev/zero | tr '\\0' x; echo; \
+         head -c 1048576 /dev/zero > /iii-logs/worker.log 2>/dev/null; echo ATTACK-DONE",
+        shadow = shadow.path.display(),
+        overwritten = overwritten.path.display(),
+    );
+    start_sh(&stack, "hostile", &script, json!({})).await;
+    let done = wait_state(&stack, "hostile", "exited").await;
+    assert_eq!(done["exit_code"], 0, "{done}");
+    let log = log_of(&stack, "hostile").await;
+    check("after the hostile run", &log);
+    // (Its stderr may come before or after: two pipes, read as they are ready.)
+    assert!(
+        log.contains("ATTACK-DONE\n"),
+        "{}",
+        &log[log.len().saturating_sub(200)..]
+    );
+    let big = std::fs::symlink_metadata(&host_log).unwrap();
+    assert!(big.is_file() && big.len() > 16 * 1024 * 1024, "{big:?}");
+
+    // What an older adapter (which mounted logs/ in the guest) may have left: a link where
+    // the trim's temporary goes. The next start trims the log without writing through it.
+    std::os::unix::fs::symlink(&overwritten.path, logs_dir.join("worker.log.tmp")).unwrap();
+    start_sh(
+        &stack,
+        "hostile",
+        "ls -la /iii-logs; echo SECOND-RUN",
+        json!({}),
+    )
+    .await;
+    wait_state(&stack, "hostile", "exited").await;
+    let log = log_of(&stack, "hostile").await;
+    assert!(log.contains("SECOND-RUN"), "{log}");
+    let trimmed = std::fs::symlink_metadata(&host_log).unwrap();
+    assert!(
+        trimmed.is_file() && trimmed.len() < 2 * 1024 * 1024,
+        "the log is cut to its last MiB at a start: {trimmed:?}"
+    );
+    check("after the trimming start", &log);
+
+    // A link where the log itself is: `logs` refuses it rather than answer the target...
+    std::fs::remove_file(&host_log).unwrap();
+    std::os::unix::fs::symlink(&shadow.path, &host_log).unwrap();
+    match worker_support::worker(&stack, "logs", json!({"vm_id": "hostile"})).await {
+        Ok(answer) => check("logs of a linked log", &answer.to_string()),
+        Err(e) => {
+            assert_eq!(s_code(&e), "S500", "{e:?}");
+            check("logs of a linked log", &format!("{e:?}"));
+        }
+    }
+    // ... and the next start replaces the link with a fresh log.
+    start_sh(&stack, "hostile", "echo THIRD-RUN", json!({})).await;
+    wait_state(&stack, "hostile", "exited").await;
+    let log = log_of(&stack, "hostile").await;
+    assert_eq!(log, "THIRD-RUN\n");
+    assert!(std::fs::symlink_metadata(&host_log).unwrap().is_file());
+    check("after the start that replaced the link", &log);
+    assert!(
+        stack.adapter.log().contains("not a regular file"),
+        "the replacement is logged"
+    );
+}
