@@ -13,6 +13,7 @@ use tokio::io::AsyncWriteExt;
 use crate::cgroup;
 use crate::launch::LaunchCommand;
 use crate::pool::LauncherPool;
+use crate::userns::IdMap;
 
 /// Where the agent binary appears inside the sandbox.
 const AGENT_IN_SANDBOX: &str = "/.iii-agent";
@@ -27,16 +28,23 @@ pub struct BwrapBackend {
     bwrap: Option<PathBuf>,
     launcher: PathBuf,
     pool: Arc<LauncherPool>,
+    id_map: IdMap,
 }
 
 impl BwrapBackend {
     pub fn new() -> Self {
         let launcher = sandbox_core::helper_program(LAUNCHER_ENV, LAUNCHER);
         cgroup::sweep_unused_launcher_groups();
+        let id_map = IdMap::for_process(
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
+        tracing::info!(ids = %id_map.describe(), "bwrap sandboxes run in user namespaces of their own");
         Self {
             bwrap: find_in_path("bwrap"),
-            pool: Arc::new(LauncherPool::new(launcher.clone())),
+            pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
+            id_map,
         }
     }
 }
@@ -59,9 +67,9 @@ impl Backend for BwrapBackend {
                 "`bwrap` is not installed (Debian package `bubblewrap`)".into(),
             ));
         }
-        if !nix::unistd::geteuid().is_root() {
+        if !user_namespaces_allowed() {
             return Err(HostUnfit(
-                "the bwrap backend runs as root: it mounts each sandbox's overlay root".into(),
+                "this host allows no user namespaces (`user.max_user_namespaces` is 0): each bwrap sandbox needs one of its own".into(),
             ));
         }
         if !self.launcher.is_file() {
@@ -105,6 +113,7 @@ impl Backend for BwrapBackend {
         let path = |p: &Path| p.display().to_string();
         let command = LaunchCommand {
             lower: path(&spec.image_root),
+            layer: path(&spec.layer_dir),
             upper: path(&upper),
             work: path(&work),
             merged: path(&merged),
@@ -139,6 +148,13 @@ impl Backend for BwrapBackend {
         sandbox_core::log_tails(&[("sandbox", &layer_dir.join("sandbox.log"))])
     }
 
+    fn isolation(&self) -> serde_json::Value {
+        serde_json::json!({
+            "user_namespace": self.id_map.describe(),
+            "host_root_in_sandbox": false,
+        })
+    }
+
     fn release_layer(&self, layer_dir: &Path) {
         // Layers made before launchers named their group after the sandbox id.
         let group = std::fs::read_to_string(layer_dir.join(GROUP_FILE))
@@ -151,8 +167,14 @@ impl Backend for BwrapBackend {
 }
 
 fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
+    // Every namespace but the user one, which the launcher made: bwrap runs as root of the
+    // sandbox's own user namespace, and a nested one of bwrap's would map a single id.
     let mut args: Vec<String> = [
-        "--unshare-all",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
         "--die-with-parent",
         "--as-pid-1",
         "--new-session",
@@ -188,6 +210,8 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         "/".into(),
         "--".into(),
         AGENT_IN_SANDBOX.into(),
+        // Read-only kernel knobs, Docker's capabilities, no_new_privs, seccomp.
+        "--confine".into(),
         "--stdio".into(),
     ]);
     args
@@ -257,6 +281,13 @@ impl SandboxProcess for BwrapProcess {
         let group = self.group.clone();
         let _ = tokio::task::spawn_blocking(move || cgroup::remove(&group)).await;
     }
+}
+
+fn user_namespaces_allowed() -> bool {
+    std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .ok()
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .is_none_or(|n| n > 0)
 }
 
 fn find_in_path(program: &str) -> Option<PathBuf> {

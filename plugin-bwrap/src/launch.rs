@@ -20,6 +20,8 @@ pub struct LaunchCommand {
     /// Overlay directories: the image's read-only root, the sandbox's upper and work dirs,
     /// and where the merged root is mounted (in the launcher's private mount namespace).
     pub lower: String,
+    /// The sandbox's layer directory (holds upper, work and merged).
+    pub layer: String,
     pub upper: String,
     pub work: String,
     pub merged: String,
@@ -75,8 +77,9 @@ impl LaunchCommand {
                 ));
             }
         }
+        // Mounted by the sandbox's user namespace: overlay's own xattrs in `user.*`.
         Ok(format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "userxattr,lowerdir={},upperdir={},workdir={}",
             self.lower, self.upper, self.work
         ))
     }
@@ -94,6 +97,7 @@ mod tests {
     fn command() -> LaunchCommand {
         LaunchCommand {
             lower: "/cache/root".into(),
+            layer: "/state/s".into(),
             upper: "/state/s/upper".into(),
             work: "/state/s/work".into(),
             merged: "/state/s/merged".into(),
@@ -132,7 +136,7 @@ mod tests {
     fn overlay_options_refuse_separators() {
         assert_eq!(
             command().overlay_options().unwrap(),
-            "lowerdir=/cache/root,upperdir=/state/s/upper,workdir=/state/s/work"
+            "userxattr,lowerdir=/cache/root,upperdir=/state/s/upper,workdir=/state/s/work"
         );
         for bad in ["/a,b", "/a:b", "/a\\b"] {
             let mut c = command();

@@ -11,6 +11,7 @@ mod backend;
 mod cgroup;
 pub mod launch;
 mod pool;
+pub mod userns;
 
 use std::sync::Arc;
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use tokio::process::{Child, Command};
 
 use crate::cgroup::Group;
+use crate::userns::IdMap;
 
 /// A started launcher waiting for its command on stdin, and its (empty) cgroup.
 pub struct Launcher {
@@ -21,14 +22,16 @@ pub struct Launcher {
 
 pub struct LauncherPool {
     program: PathBuf,
+    id_map: IdMap,
     waiting: Mutex<Option<Launcher>>,
     refilling: AtomicBool,
 }
 
 impl LauncherPool {
-    pub fn new(program: PathBuf) -> Self {
+    pub fn new(program: PathBuf, id_map: IdMap) -> Self {
         Self {
             program,
+            id_map,
             waiting: Mutex::new(None),
             refilling: AtomicBool::new(false),
         }
@@ -59,6 +62,7 @@ impl LauncherPool {
         let group = Group::create();
         let mut command = Command::new(&self.program);
         command.arg("--parent").arg(std::process::id().to_string());
+        command.arg("--id-map").arg(self.id_map.to_arg());
         for procs in group.procs_files() {
             command.arg("--cgroup-procs").arg(procs);
         }

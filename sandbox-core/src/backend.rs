@@ -160,6 +160,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Removes what a sandbox left in `layer_dir` that plain file removal cannot (mounts).
     /// Called on stop and when reconciling leftovers of an earlier run.
     fn release_layer(&self, _layer_dir: &Path) {}
+
+    /// How this backend confines a sandbox on this host (ids, capabilities, seccomp, which
+    /// limits are in force), for `adapter::info.backend.isolation`; null when it says nothing.
+    fn isolation(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
 
 /// A helper program of the adapter: `$env` when set, else `name` next to the running

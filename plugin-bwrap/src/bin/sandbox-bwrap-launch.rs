@@ -1,9 +1,10 @@
 //! `sandbox-bwrap-launch`: started by the bwrap plugin ahead of a create, it does the slow part
-//! of a sandbox's start while nobody waits (joins the sandbox's cgroups, unshares its mount
-//! namespace), then waits on stdin for the sandbox's [`LaunchCommand`], mounts the overlay root
-//! and becomes bwrap. Not meant to be run by hand.
+//! of a sandbox's start while nobody waits (joins the sandbox's cgroups, makes its user and
+//! mount namespaces), then waits on stdin for the sandbox's [`LaunchCommand`], mounts the
+//! overlay root and becomes bwrap inside the sandbox's user namespace. Not meant to be run by
+//! hand.
 //!
-//! Usage: `sandbox-bwrap-launch --parent PID [--cgroup-procs FILE]...`
+//! Usage: `sandbox-bwrap-launch --parent PID --id-map UID:GID:COUNT [--cgroup-procs FILE]...`
 //!
 //! stdout is the agent's channel from the start, so nothing is ever written there. Every
 //! failure ends up in the sandbox log named by the command (what the adapter shows in a boot
@@ -12,8 +13,9 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use nix::mount::{mount, MsFlags};
@@ -21,6 +23,13 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::unistd::{dup2, getppid, Pid};
 use plugin_bwrap::launch::LaunchCommand;
+use plugin_bwrap::userns::{self, IdMap};
+
+/// What `prepare` leaves for `launch`.
+struct Prepared {
+    map: IdMap,
+    userns: OwnedFd,
+}
 
 fn main() -> ExitCode {
     let setup = prepare(std::env::args().skip(1).collect());
@@ -34,7 +43,7 @@ fn main() -> ExitCode {
         Err(_) => return ExitCode::from(1),
     };
     let error = match into_log(&command.log) {
-        Ok(()) => match setup.and_then(|()| launch(&command)) {
+        Ok(()) => match setup.and_then(|prepared| launch(&command, prepared)) {
             Ok(never) => match never {},
             Err(e) => e,
         },
@@ -44,19 +53,24 @@ fn main() -> ExitCode {
     ExitCode::from(1)
 }
 
-/// Dies with the adapter, joins the cgroups, and takes a private mount namespace.
-fn prepare(args: Vec<String>) -> Result<(), String> {
+/// Dies with the adapter, joins the cgroups, makes the sandbox's user namespace and a
+/// private mount namespace (owned by the host's user namespace when the layers must be
+/// idmapped first, else by the sandbox's).
+fn prepare(args: Vec<String>) -> Result<Prepared, String> {
     let mut parent = None;
+    let mut map = None;
     let mut cgroup_procs = Vec::new();
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--parent" => parent = value.parse::<i32>().ok().map(Pid::from_raw),
+            "--id-map" => map = IdMap::parse_arg(&value),
             "--cgroup-procs" => cgroup_procs.push(value),
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    let map = map.ok_or("--id-map UID:GID:COUNT is required")?;
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| format!("cannot tie this process to the adapter: {e}"))?;
     // The adapter may have died between our fork and the line above: then nobody kills us.
@@ -68,6 +82,15 @@ fn prepare(args: Vec<String>) -> Result<(), String> {
         // adapter has already logged whether limits are enforced on this host).
         let _ = std::fs::write(&procs, "0");
     }
+    let userns = userns::create(map).map_err(|e| e.to_string())?;
+    if !map.needs_idmapped_mounts() {
+        userns::enter(&userns, map).map_err(|e| e.to_string())?;
+    }
+    private_mount_namespace()?;
+    Ok(Prepared { map, userns })
+}
+
+fn private_mount_namespace() -> Result<(), String> {
     unshare(CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("cannot unshare the mount namespace: {e}"))?;
     // Nothing mounted here may propagate back to the host.
@@ -88,8 +111,21 @@ fn into_log(log: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Mounts the overlay root and execs bwrap; returns only on failure.
-fn launch(command: &LaunchCommand) -> Result<std::convert::Infallible, String> {
+/// Mounts the overlay root, enters the sandbox's user namespace and execs bwrap; returns
+/// only on failure.
+fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::Infallible, String> {
+    let Prepared { map, userns } = prepared;
+    let (command, args) = if map.needs_idmapped_mounts() {
+        let staged = stage_idmapped(command, &userns).map_err(|e| e.to_string())?;
+        userns::enter(&userns, map).map_err(|e| e.to_string())?;
+        // A mount namespace of the sandbox's user namespace, where its root may mount the
+        // overlay; the staged mounts come along, locked.
+        private_mount_namespace()?;
+        staged
+    } else {
+        (command.clone(), command.args.clone())
+    };
+    drop(userns);
     let options = command.overlay_options().map_err(|e| e.to_string())?;
     mount(
         Some("overlay"),
@@ -99,10 +135,141 @@ fn launch(command: &LaunchCommand) -> Result<std::convert::Infallible, String> {
         Some(options.as_str()),
     )
     .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+    let _ = std::env::set_current_dir("/");
     let _ = std::io::stderr().flush();
-    let error = Command::new(&command.bwrap)
-        .args(&command.args)
-        .env_clear()
-        .exec();
+    let error = Command::new(&command.bwrap).args(&args).env_clear().exec();
     Err(format!("cannot start {}: {error}", command.bwrap))
+}
+
+/// Where a root adapter's launcher gathers what the sandbox sees: a tmpfs of its own private
+/// mount namespace (the host's `/tmp` is untouched), which the sandbox's root may traverse
+/// where the state directory's parents (`/root`, a 0700 temp dir) would stop it.
+const STAGE: &str = "/tmp";
+
+/// Shows the image root, the sandbox's layer and every bind source to the sandbox through
+/// idmapped copies gathered under [`STAGE`]; the command and bwrap arguments to use instead.
+fn stage_idmapped(
+    command: &LaunchCommand,
+    userns: &OwnedFd,
+) -> std::io::Result<(LaunchCommand, Vec<String>)> {
+    let mut args = parse_args(&command.args);
+    // Clones first: the stage covers /tmp, where the originals may live.
+    let lower = userns::idmapped_clone(Path::new(&command.lower), userns)?;
+    let layer = userns::idmapped_clone(Path::new(&command.layer), userns)?;
+    let mut binds = Vec::new();
+    for arg in &args {
+        match arg {
+            // The merged root is the overlay, mounted inside the staged layer later.
+            Arg::Bind { source, .. } if *source != command.merged => {
+                let is_dir = std::fs::metadata(source)?.is_dir();
+                binds.push(Some((
+                    userns::idmapped_clone(Path::new(source), userns)?,
+                    is_dir,
+                )));
+            }
+            Arg::Bind { .. } => binds.push(None),
+            Arg::Plain(_) => {}
+        }
+    }
+    mount(
+        Some("tmpfs"),
+        STAGE,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )
+    .map_err(|e| std::io::Error::other(format!("cannot mount the launcher's stage: {e}")))?;
+    let stage = Path::new(STAGE);
+    let place = |tree: &OwnedFd, name: &str, is_dir: bool| -> std::io::Result<String> {
+        let target = stage.join(name);
+        if is_dir {
+            std::fs::create_dir(&target)?;
+        } else {
+            File::create(&target)?;
+        }
+        userns::attach(tree, &target)?;
+        Ok(target.display().to_string())
+    };
+    let lower = place(&lower, "lower", true)?;
+    let layer = place(&layer, "layer", true)?;
+    let in_layer = |path: &str| -> std::io::Result<String> {
+        let relative = Path::new(path)
+            .strip_prefix(&command.layer)
+            .map_err(|_| std::io::Error::other(format!("{path} is not in the sandbox's layer")))?;
+        Ok(Path::new(&layer).join(relative).display().to_string())
+    };
+    let staged = LaunchCommand {
+        upper: in_layer(&command.upper)?,
+        work: in_layer(&command.work)?,
+        merged: in_layer(&command.merged)?,
+        lower,
+        layer: layer.clone(),
+        ..command.clone()
+    };
+    let mut binds = binds.into_iter();
+    let mut index = 0;
+    for arg in &mut args {
+        if let Arg::Bind { source, .. } = arg {
+            *source = match binds.next().flatten() {
+                Some((tree, is_dir)) => {
+                    index += 1;
+                    place(&tree, &format!("bind-{index}"), is_dir)?
+                }
+                None => staged.merged.clone(),
+            };
+        }
+    }
+    let args = render_args(args);
+    Ok((staged, args))
+}
+
+/// bwrap's bind options: the only options of ours that name a host path.
+const BINDS: [&str; 2] = ["--bind", "--ro-bind"];
+
+/// One of bwrap's arguments: a bind of a host path, or anything else as it is.
+enum Arg {
+    Bind {
+        flag: String,
+        source: String,
+        dest: String,
+    },
+    Plain(String),
+}
+
+/// Splits out the binds; everything after `--` is the agent's command line, left alone.
+fn parse_args(args: &[String]) -> Vec<Arg> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = args.iter().cloned();
+    while let Some(arg) = rest.next() {
+        if arg == "--" {
+            out.push(Arg::Plain(arg));
+            out.extend(rest.by_ref().map(Arg::Plain));
+            break;
+        }
+        if !BINDS.contains(&arg.as_str()) {
+            out.push(Arg::Plain(arg));
+            continue;
+        }
+        match (rest.next(), rest.next()) {
+            (Some(source), Some(dest)) => out.push(Arg::Bind {
+                flag: arg,
+                source,
+                dest,
+            }),
+            // A truncated bind: bwrap itself will refuse it.
+            (source, _) => out.extend(std::iter::once(arg).chain(source).map(Arg::Plain)),
+        }
+    }
+    out
+}
+
+fn render_args(args: Vec<Arg>) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    for arg in args {
+        match arg {
+            Arg::Bind { flag, source, dest } => out.extend([flag, source, dest]),
+            Arg::Plain(arg) => out.push(arg),
+        }
+    }
+    out
 }

@@ -34,6 +34,7 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
             "name": plugin.backend.name(),
             "ready": probe.is_ok(),
             "reason": probe.err().map(|e| e.to_string()),
+            "isolation": plugin.backend.isolation(),
         },
     })
 }
