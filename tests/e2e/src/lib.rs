@@ -39,11 +39,58 @@ fn require(path: PathBuf, hint: &str) -> PathBuf {
     path
 }
 
+/// Where the adapter's binaries are: `$SANDBOX_E2E_BIN_DIR` (a copy an ordinary user can
+/// reach, see `scripts/test.sh`), else the profile directory.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("SANDBOX_E2E_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(profile_dir)
+}
+
 pub fn adapter_bin() -> PathBuf {
     require(
-        profile_dir().join("sandbox-libkrun"),
+        bin_dir().join("sandbox-libkrun"),
         "run `cargo build --workspace` first",
     )
+}
+
+/// The ordinary user the adapter runs as (`$SANDBOX_E2E_ADAPTER_USER`, how Compose runs it),
+/// or `None` to run it as the test's own user.
+pub fn adapter_user() -> Option<AdapterUser> {
+    static USER: OnceLock<Option<AdapterUser>> = OnceLock::new();
+    USER.get_or_init(|| {
+        let name = std::env::var("SANDBOX_E2E_ADAPTER_USER").ok()?;
+        let user = nix::unistd::User::from_name(&name)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("SANDBOX_E2E_ADAPTER_USER names no user: {name}"));
+        Some(AdapterUser {
+            name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            home: user.dir,
+        })
+    })
+    .clone()
+}
+
+#[derive(Debug, Clone)]
+pub struct AdapterUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// A fresh host directory that the adapter may use: a temporary directory, owned by the
+/// adapter's user when that is not the test's.
+pub fn host_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    if let Some(user) = adapter_user() {
+        std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid))
+            .expect("chown a test directory to the adapter's user");
+    }
+    dir
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +104,7 @@ pub fn plugin_path(kind: PluginKind) -> PathBuf {
         PluginKind::Bwrap => "libplugin_bwrap.so",
         PluginKind::Libkrun => "libplugin_libkrun.so",
     };
-    require(
-        profile_dir().join(file),
-        "run `cargo build --workspace` first",
-    )
+    require(bin_dir().join(file), "run `cargo build --workspace` first")
 }
 
 pub fn agent_bin() -> PathBuf {
@@ -121,7 +165,8 @@ pub fn registry() -> &'static str {
 
 /// Image cache shared by every test of the run (images are pulled once, with a file lock).
 pub fn shared_cache_dir() -> PathBuf {
-    std::env::temp_dir().join("sandbox-libkrun-e2e-cache")
+    let owner = adapter_user().map_or_else(|| "".into(), |u| format!("-{}", u.name));
+    std::env::temp_dir().join(format!("sandbox-libkrun-e2e-cache{owner}"))
 }
 
 /// A configuration that reaches the fixture registry; `extra` keys override.
@@ -185,7 +230,26 @@ impl Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("adapter.log");
         let log_file = std::fs::File::create(&log).expect("adapter log");
-        let mut command = Command::new(adapter_bin());
+        let mut command = match adapter_user() {
+            // setpriv execs the adapter: the child's pid is the adapter's.
+            Some(user) => {
+                let mut command = Command::new("setpriv");
+                command
+                    .args([
+                        "--reuid",
+                        &user.name,
+                        "--regid",
+                        &user.name,
+                        "--init-groups",
+                    ])
+                    .arg("--")
+                    .arg(adapter_bin())
+                    .env("HOME", &user.home)
+                    .env("USER", &user.name);
+                command
+            }
+            None => Command::new(adapter_bin()),
+        };
         command
             .arg("--plugin")
             .arg(plugin_path(options.plugin))
@@ -278,7 +342,7 @@ impl Stack {
     /// Engine seeded with `config` (built by `config_with` over a fresh state directory when
     /// `None`), adapter started with `options`, ready once `adapter::info` is registered.
     pub async fn start(extra_config: Value, options: AdapterOptions) -> Stack {
-        let state_dir = tempfile::tempdir().expect("state dir");
+        let state_dir = host_dir();
         let config = config_with(state_dir.path(), extra_config);
         let engine = Engine::with_config(options.config_name.clone(), config)
             .start("127.0.0.1:0".parse().unwrap())
@@ -372,11 +436,12 @@ pub fn bwrap_usable(test: &str) -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    let root = nix::unistd::geteuid().is_root();
-    if !(has_bwrap && root) {
+    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .is_ok_and(|n| n.trim() != "0");
+    if !(has_bwrap && userns) {
         println!(
-            "\n*** {test} DID NOT RUN: needs bubblewrap installed and root (bwrap backend) ***\n"
+            "\n*** {test} DID NOT RUN: needs bubblewrap installed and user namespaces (bwrap backend) ***\n"
         );
     }
-    has_bwrap && root
+    has_bwrap && userns
 }

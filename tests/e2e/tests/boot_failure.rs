@@ -49,7 +49,7 @@ async fn a_missing_launcher_is_reported_by_info_and_create() {
     if !bwrap_usable("a_missing_launcher_is_reported_by_info_and_create") {
         return;
     }
-    let nowhere = tempfile::tempdir().expect("tempdir");
+    let nowhere = e2e_tests::host_dir();
     let missing = nowhere.path().join("sandbox-bwrap-launch");
     let options = AdapterOptions {
         env: vec![("SANDBOX_BWRAP_LAUNCH".into(), missing.display().to_string())],

@@ -388,7 +388,7 @@ async fn the_image_size_limit_is_in_force() {
     if !bwrap_usable("the_image_size_limit_is_in_force") {
         return;
     }
-    let cache = tempfile::tempdir().expect("cache dir");
+    let cache = e2e_tests::host_dir();
     let stack = Stack::start(
         json!({"max_image_size_mb": 1, "image_cache_dir": cache.path()}),
         AdapterOptions::default(),

@@ -306,7 +306,7 @@ async fn a_file_that_is_not_a_plugin_exits_2_with_one_line() {
     let engine = Engine::start("127.0.0.1:0".parse().unwrap())
         .await
         .expect("engine");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = e2e_tests::host_dir();
     let text = dir.path().join("notes.so");
     std::fs::write(&text, "this is a text file, not a library\n").unwrap();
     let empty = dir.path().join("empty.so");

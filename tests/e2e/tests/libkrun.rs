@@ -277,7 +277,7 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
 async fn boot_failure_is_s300_with_the_cause() {
     let test = "boot_failure_is_s300_with_the_cause";
     // A runner that exists but is not a VM runner: the S300 must carry what it said.
-    let fake = tempfile::tempdir().expect("tempdir");
+    let fake = e2e_tests::host_dir();
     let runner = fake.path().join("fake-runner");
     std::fs::write(
         &runner,

@@ -25,7 +25,7 @@ struct Project {
 
 impl Project {
     fn new() -> Project {
-        let base = tempfile::tempdir().expect("tempdir");
+        let base = e2e_tests::host_dir();
         let project = base.path().join("project");
         std::fs::create_dir_all(project.join("svc/lib")).unwrap();
         std::fs::create_dir_all(base.path().join("state/packages")).unwrap();
@@ -743,7 +743,7 @@ async fn the_adapter_never_follows_links_planted_for_the_log() {
         return;
     }
     let project = Project::new();
-    let canaries = tempfile::tempdir().unwrap();
+    let canaries = e2e_tests::host_dir();
     let shadow = Canary::new(canaries.path(), "shadow");
     let overwritten = Canary::new(canaries.path(), "overwritten");
     let check = |when: &str, text: &str| {

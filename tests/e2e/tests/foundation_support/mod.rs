@@ -57,7 +57,7 @@ impl Bare {
     /// Engine seeded with `local_config(extra)` under `options.config_name`; returns once the
     /// adapter's `adapter::info` is registered.
     pub async fn start(extra: Value, options: AdapterOptions) -> Bare {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = e2e_tests::host_dir();
         let config = local_config(dir.path(), extra);
         let engine = Engine::with_config(options.config_name.clone(), config)
             .start("127.0.0.1:0".parse().expect("address"))
