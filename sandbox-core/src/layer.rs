@@ -82,10 +82,8 @@ impl StateDir {
 
     pub fn remove_layer(&self, backend: &dyn Backend, layer: &Path) {
         backend.release_layer(layer);
-        if let Err(e) = fs::remove_dir_all(layer) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(layer = %layer.display(), error = %e, "cannot remove sandbox layer");
-            }
+        if let Err(e) = crate::remove_tree::remove_tree(layer) {
+            tracing::warn!(layer = %layer.display(), error = %e, "cannot remove sandbox layer");
         }
     }
 

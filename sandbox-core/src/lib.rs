@@ -33,6 +33,7 @@ pub mod ops;
 pub mod plugin;
 mod reaper;
 mod registry;
+pub mod remove_tree;
 pub mod request;
 
 pub use backend::{

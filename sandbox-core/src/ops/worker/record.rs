@@ -147,11 +147,11 @@ impl WorkerDirs {
     }
 
     pub fn remove(&self, vm_id: &str) -> io::Result<bool> {
-        match std::fs::remove_dir_all(self.dir(vm_id)) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
+        let dir = self.dir(vm_id);
+        if !dir.exists() {
+            return Ok(false);
         }
+        crate::remove_tree::remove_tree(&dir).map(|()| true)
     }
 }
 
