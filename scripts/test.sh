@@ -26,6 +26,22 @@ step "cargo test --workspace"
 # writable cgroups) says so on stdout, and that must reach the log even when it passes.
 cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output
 
+step "end to end again, the adapter started as an ordinary user (how Compose runs it)"
+if [ "$(id -u)" != 0 ]; then
+  echo "ordinary-user e2e run DID NOT RUN: test.sh is not root, so it cannot make the user"
+else
+  user=$(bash tests/e2e/ordinary-user.sh)
+  # Copies the ordinary user can reach, whatever the checkout's parents allow.
+  bin="$work/bin"; mkdir -p "$bin"; chmod 755 "$work"
+  for f in sandbox-libkrun libplugin_bwrap.so libplugin_libkrun.so sandbox-bwrap-launch sandbox-libkrun-vm; do
+    cp "target/debug/$f" "$bin/"
+  done
+  cp "$SANDBOX_AGENT_PATH" "$bin/sandbox-agent"
+  chmod -R a+rX "$bin"
+  SANDBOX_E2E_ADAPTER_USER=$user SANDBOX_E2E_BIN_DIR=$bin SANDBOX_AGENT_PATH=$bin/sandbox-agent \
+    cargo test -p e2e-tests --no-fail-fast -- --test-threads=2 --show-output
+fi
+
 step "libkrun microVMs in the VM lab"
 if [ "${SKIP_VM_LAB:-0}" = 1 ]; then
   echo "VM lab tests DID NOT RUN: SKIP_VM_LAB=1"

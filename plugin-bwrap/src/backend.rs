@@ -29,6 +29,8 @@ pub struct BwrapBackend {
     launcher: PathBuf,
     pool: Arc<LauncherPool>,
     id_map: IdMap,
+    /// The limits a sandbox's cgroup can hold on this host, probed once at start.
+    limits_in_force: Vec<&'static str>,
 }
 
 impl BwrapBackend {
@@ -40,7 +42,17 @@ impl BwrapBackend {
             nix::unistd::getegid().as_raw(),
         );
         tracing::info!(ids = %id_map.describe(), "bwrap sandboxes run in user namespaces of their own");
+        let probe = cgroup::Group::create();
+        let limits_in_force = probe.enforceable();
+        probe.remove_if_empty();
+        if limits_in_force.len() < 2 {
+            tracing::warn!(
+                in_force = ?limits_in_force,
+                "no writable cgroup hierarchy for every limit: sandboxes' cpus and memory are not all enforced on this host"
+            );
+        }
         Self {
+            limits_in_force,
             bwrap: find_in_path("bwrap"),
             pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
@@ -152,6 +164,11 @@ impl Backend for BwrapBackend {
         serde_json::json!({
             "user_namespace": self.id_map.describe(),
             "host_root_in_sandbox": false,
+            "capabilities": "Docker's default set, inside the sandbox's user namespace only",
+            "no_new_privs": true,
+            "seccomp": true,
+            "read_only": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "read-only binds (a worker's /worker, the agent)"],
+            "limits_in_force": self.limits_in_force,
         })
     }
 

@@ -59,6 +59,21 @@ impl Group {
         &self.name
     }
 
+    /// The limits this group can hold (`cpus`, `memory`), from the control files it has.
+    pub fn enforceable(&self) -> Vec<&'static str> {
+        let has = |file: &str| self.dirs.iter().any(|dir| dir.join(file).exists());
+        let (cpu, memory) = if self.v2 {
+            ("cpu.max", "memory.max")
+        } else {
+            ("cpu.cfs_quota_us", "memory.limit_in_bytes")
+        };
+        [("cpus", cpu), ("memory", memory)]
+            .into_iter()
+            .filter(|(_, file)| has(file))
+            .map(|(limit, _)| limit)
+            .collect()
+    }
+
     /// The `cgroup.procs` files a process writes to join the group.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs

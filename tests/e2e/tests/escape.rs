@@ -82,6 +82,11 @@ async fn a_sandbox_cannot_escape_to_the_host() {
     let canary = Canary::plant(host.path(), "canary.txt");
     let core_pattern = Canary::of(Path::new("/proc/sys/kernel/core_pattern"));
     let stack = Stack::bwrap().await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let isolation = &info["backend"]["isolation"];
+    assert_eq!(isolation["host_root_in_sandbox"], false, "{info}");
+    assert_eq!(isolation["seccomp"], true, "{info}");
+    println!("isolation in force: {isolation}");
     let id = create(&stack, "python", json!({})).await;
     let answer = exec_ok(
         &stack,
