@@ -119,7 +119,11 @@ impl Backend for BwrapBackend {
         let group = launcher.group.name().to_string();
         std::fs::write(spec.layer_dir.join(GROUP_FILE), &group)
             .map_err(|e| boot_error("cannot record the sandbox's cgroup", e))?;
-        if !launcher.group.set_limits(spec.cpus, spec.memory_mb) {
+        if !launcher.group.set_limits(
+            spec.cpus,
+            spec.memory_mb,
+            sandbox_core::config::pids_per_sandbox(),
+        ) {
             tracing::debug!(sandbox_id = %spec.sandbox_id, "no writable cgroup hierarchy: cpus and memory are not enforced");
         }
         let path = |p: &Path| p.display().to_string();

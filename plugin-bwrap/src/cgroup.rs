@@ -1,6 +1,6 @@
-//! cpus and memory limits through cgroups, as far as the host allows: cgroup v2 (`cpu.max`,
-//! `memory.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`) under
-//! `sandbox-libkrun/<group>`. Where no writable hierarchy exists the sandbox runs without
+//! cpus, memory and pids limits through cgroups, as far as the host allows: cgroup v2
+//! (`cpu.max`, `memory.max`, `pids.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`,
+//! `pids.max`) under `sandbox-libkrun/<group>`. Where no writable hierarchy exists the sandbox runs without
 //! limits, and a debug log says so.
 //!
 //! Groups are made for a launcher before its sandbox is known (see `launch.rs`), so they are
@@ -15,6 +15,9 @@ const ROOT: &str = "/sys/fs/cgroup";
 const GROUP: &str = "sandbox-libkrun";
 const LAUNCHER_PREFIX: &str = "launcher-";
 const CPU_PERIOD_US: u64 = 100_000;
+/// The controllers a group uses: on v2 enabled in `cgroup.subtree_control`, on v1 one
+/// hierarchy each.
+const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 
 /// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox.
 pub struct Group {
@@ -31,21 +34,19 @@ impl Group {
         let mut dirs = Vec::new();
         let v2 = is_v2();
         if v2 {
-            let _ = fs::write(
-                Path::new(ROOT).join("cgroup.subtree_control"),
-                "+cpu +memory",
-            );
+            let enable = CONTROLLERS.map(|c| format!("+{c}")).join(" ");
+            let _ = fs::write(Path::new(ROOT).join("cgroup.subtree_control"), &enable);
             let dir = Path::new(ROOT).join(GROUP).join(&name);
             let _ = fs::create_dir_all(&dir);
             let _ = fs::write(
                 Path::new(ROOT).join(GROUP).join("cgroup.subtree_control"),
-                "+cpu +memory",
+                &enable,
             );
             if dir.is_dir() {
                 dirs.push(dir);
             }
         } else {
-            for controller in ["memory", "cpu"] {
+            for controller in CONTROLLERS {
                 let dir = Path::new(ROOT).join(controller).join(GROUP).join(&name);
                 if fs::create_dir_all(&dir).is_ok() {
                     dirs.push(dir);
@@ -59,7 +60,8 @@ impl Group {
         &self.name
     }
 
-    /// The limits this group can hold (`cpus`, `memory`), from the control files it has.
+    /// The limits this group can hold (`cpus`, `memory`, `pids`), from the control files it
+    /// has.
     pub fn enforceable(&self) -> Vec<&'static str> {
         let has = |file: &str| self.dirs.iter().any(|dir| dir.join(file).exists());
         let (cpu, memory) = if self.v2 {
@@ -67,7 +69,7 @@ impl Group {
         } else {
             ("cpu.cfs_quota_us", "memory.limit_in_bytes")
         };
-        [("cpus", cpu), ("memory", memory)]
+        [("cpus", cpu), ("memory", memory), ("pids", "pids.max")]
             .into_iter()
             .filter(|(_, file)| has(file))
             .map(|(limit, _)| limit)
@@ -82,24 +84,28 @@ impl Group {
             .collect()
     }
 
-    /// Writes the sandbox's limits; true when both are enforced.
-    pub fn set_limits(&self, cpus: u32, memory_mb: u32) -> bool {
+    /// Writes the sandbox's limits; true when all three are enforced.
+    pub fn set_limits(&self, cpus: u32, memory_mb: u32, pids: u32) -> bool {
         let memory = (u64::from(memory_mb) * 1024 * 1024).to_string();
         let quota = u64::from(cpus) * CPU_PERIOD_US;
-        let mut memory_set = false;
-        let mut cpu_set = false;
+        let pids = pids.to_string();
+        let (mut memory_set, mut cpu_set, mut pids_set) = (false, false, false);
         for dir in &self.dirs {
             let write = |file: &str, value: &str| fs::write(dir.join(file), value).is_ok();
+            let v1 = |controller: &str| dir.starts_with(Path::new(ROOT).join(controller));
             if self.v2 {
                 memory_set = write("memory.max", &memory);
                 cpu_set = write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
-            } else if dir.starts_with(Path::new(ROOT).join("memory")) {
+                pids_set = write("pids.max", &pids);
+            } else if v1("memory") {
                 memory_set = write("memory.limit_in_bytes", &memory);
+            } else if v1("pids") {
+                pids_set = write("pids.max", &pids);
             } else {
                 cpu_set = write("cpu.cfs_quota_us", &quota.to_string());
             }
         }
-        memory_set && cpu_set
+        memory_set && cpu_set && pids_set
     }
 
     /// Removes the group now if it is empty, without waiting (a group still busy with an
@@ -143,11 +149,12 @@ pub fn sweep_unused_launcher_groups() {
     }
 }
 
-fn hierarchies() -> [PathBuf; 3] {
+fn hierarchies() -> [PathBuf; 4] {
     [
         Path::new(ROOT).join(GROUP),
         Path::new(ROOT).join("memory").join(GROUP),
         Path::new(ROOT).join("cpu").join(GROUP),
+        Path::new(ROOT).join("pids").join(GROUP),
     ]
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -47,7 +48,18 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// What one image may weigh, compressed and unpacked (decompression-bomb guard).
     pub max_image_size_mb: u64,
+    /// Processes (and threads) one sandbox may hold at once (its cgroup's `pids.max`).
+    pub max_pids_per_sandbox: u32,
+    /// Ceiling on any create's `cpus`, whatever `per_image_caps` says (default: the host's
+    /// cores, and never below `default_cpus`).
+    pub max_cpus: u32,
+    /// Ceiling on any create's `memory_mb`, whatever `per_image_caps` says (default: half the
+    /// host's memory, and never below `default_memory_mb`).
+    pub max_memory_mb: u32,
 }
+
+/// `max_pids_per_sandbox` when the configuration names none.
+pub const DEFAULT_MAX_PIDS_PER_SANDBOX: u32 = 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -68,8 +80,37 @@ impl Default for Config {
             registry_auth_file: None,
             state_dir: None,
             max_image_size_mb: 16 * 1024,
+            max_pids_per_sandbox: DEFAULT_MAX_PIDS_PER_SANDBOX,
+            max_cpus: host_cpus().max(1),
+            max_memory_mb: (host_memory_mb() / 2).max(512),
         }
     }
+}
+
+/// The host's cores (1 when unknown).
+fn host_cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+        .unwrap_or(1)
+}
+
+/// The host's memory in MiB, from `/proc/meminfo` (`MemTotal`); 1024 when unknown (no
+/// `/proc`, as on macOS), which makes the default ceiling 512 MiB.
+fn host_memory_mb() -> u32 {
+    let kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+        });
+    kib.map_or(1024, |kib| u32::try_from(kib / 1024).unwrap_or(u32::MAX))
 }
 
 /// Every key the configuration may hold, in the order of SPEC.md, then ours.
@@ -90,6 +131,9 @@ pub const KNOWN_KEYS: &[&str] = &[
     "registry_auth_file",
     "state_dir",
     "max_image_size_mb",
+    "max_pids_per_sandbox",
+    "max_cpus",
+    "max_memory_mb",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -161,6 +205,12 @@ impl Config {
         keys.read_optional("registry_auth_file", &mut config.registry_auth_file)?;
         keys.read_optional("state_dir", &mut config.state_dir)?;
         keys.read("max_image_size_mb", &mut config.max_image_size_mb)?;
+        keys.read("max_pids_per_sandbox", &mut config.max_pids_per_sandbox)?;
+        // The host's values are only defaults: they never refuse the configured defaults.
+        config.max_cpus = config.max_cpus.max(config.default_cpus);
+        config.max_memory_mb = config.max_memory_mb.max(config.default_memory_mb);
+        keys.read("max_cpus", &mut config.max_cpus)?;
+        keys.read("max_memory_mb", &mut config.max_memory_mb)?;
 
         if let Some(name) = config
             .custom_images
@@ -184,6 +234,12 @@ impl Config {
             ("default_memory_mb", u64::from(config.default_memory_mb)),
             ("max_exec_timeout_ms", config.max_exec_timeout_ms),
             ("max_image_size_mb", config.max_image_size_mb),
+            (
+                "max_pids_per_sandbox",
+                u64::from(config.max_pids_per_sandbox),
+            ),
+            ("max_cpus", u64::from(config.max_cpus)),
+            ("max_memory_mb", u64::from(config.max_memory_mb)),
         ] {
             if value == 0 {
                 return Err(ConfigError::WrongType {
@@ -192,9 +248,47 @@ impl Config {
                 });
             }
         }
+        for (key, default, ceiling, max) in [
+            (
+                "default_cpus",
+                config.default_cpus,
+                "max_cpus",
+                config.max_cpus,
+            ),
+            (
+                "default_memory_mb",
+                config.default_memory_mb,
+                "max_memory_mb",
+                config.max_memory_mb,
+            ),
+        ] {
+            if default > max {
+                return Err(ConfigError::WrongType {
+                    key: key.into(),
+                    reason: format!("{default} is above `{ceiling}` ({max})"),
+                });
+            }
+        }
         // SPEC.md: 0 means 1, not unlimited.
         config.max_concurrent_exec_per_sandbox = config.max_concurrent_exec_per_sandbox.max(1);
         Ok(config)
+    }
+}
+
+/// `max_pids_per_sandbox` of the adapter in this process, for the backend that writes it to
+/// each sandbox's cgroup. [`BootSpec`](crate::BootSpec) carries the per-create limits; this
+/// one is adapter-wide, published once at start (a process holds one plugin).
+static PIDS_PER_SANDBOX: AtomicU32 = AtomicU32::new(DEFAULT_MAX_PIDS_PER_SANDBOX);
+
+/// The pids limit every sandbox (and worker VM) of this adapter gets.
+pub fn pids_per_sandbox() -> u32 {
+    PIDS_PER_SANDBOX.load(Ordering::Relaxed)
+}
+
+impl Config {
+    /// Makes the adapter-wide limits of this configuration the ones backends apply.
+    pub(crate) fn publish(&self) {
+        PIDS_PER_SANDBOX.store(self.max_pids_per_sandbox, Ordering::Relaxed);
     }
 }
 
@@ -310,6 +404,24 @@ mod tests {
                 "`custom_images.mine`",
             ),
             (json!({"default_cpus": 0}), "key `default_cpus`"),
+            (
+                json!({"max_pids_per_sandbox": 0}),
+                "key `max_pids_per_sandbox`",
+            ),
+            (
+                json!({"max_pids_per_sandbox": "many"}),
+                "key `max_pids_per_sandbox`",
+            ),
+            (json!({"max_cpus": 0}), "key `max_cpus`"),
+            (json!({"max_memory_mb": -5}), "key `max_memory_mb`"),
+            (
+                json!({"default_cpus": 4, "max_cpus": 2}),
+                "key `default_cpus`: 4 is above `max_cpus` (2)",
+            ),
+            (
+                json!({"max_memory_mb": 256}),
+                "key `default_memory_mb`: 512 is above `max_memory_mb` (256)",
+            ),
         ];
         for (value, expected) in cases {
             let message = error_of(value.clone());
@@ -319,6 +431,29 @@ mod tests {
             );
             assert!(!message.contains('\n'), "one line: {message:?}");
         }
+    }
+
+    #[test]
+    fn ceilings_default_to_the_host_and_never_refuse_the_defaults() {
+        let config = Config::from_json(&json!({})).unwrap();
+        assert_eq!(config.max_pids_per_sandbox, 1024);
+        assert!(config.max_cpus >= 1 && config.max_cpus >= config.default_cpus);
+        assert!(config.max_memory_mb >= 512);
+        // A default above the host's share raises the default ceiling with it.
+        let config = Config::from_json(&json!({"default_cpus": 100000})).unwrap();
+        assert_eq!(config.max_cpus, 100000);
+        let config = Config::from_json(
+            &json!({"max_cpus": 3, "max_memory_mb": 700, "max_pids_per_sandbox": 64}),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                config.max_cpus,
+                config.max_memory_mb,
+                config.max_pids_per_sandbox
+            ),
+            (3, 700, 64)
+        );
     }
 
     #[test]

@@ -192,13 +192,28 @@ fn check_request(options: &CreateOptions, cpus: u32, memory_mb: u32) -> Result<(
     Ok(())
 }
 
+/// S400 above the adapter's ceilings (`max_cpus`, `max_memory_mb`, in force for every image)
+/// or above the image's own `per_image_caps`. Worker VMs are checked here too.
 pub(crate) fn check_image_caps<B: Backend>(
     plugin: &SandboxPlugin<B>,
     image: &str,
     cpus: u32,
     memory_mb: u32,
 ) -> Result<(), SandboxError> {
-    let Some(caps) = plugin.config.per_image_caps.get(image) else {
+    let config = &plugin.config;
+    if cpus > config.max_cpus {
+        return Err(SandboxError::ResourceLimit(format!(
+            "at most {} cpus per sandbox (`max_cpus`), asked {cpus}",
+            config.max_cpus
+        )));
+    }
+    if memory_mb > config.max_memory_mb {
+        return Err(SandboxError::ResourceLimit(format!(
+            "at most {} MiB of memory per sandbox (`max_memory_mb`), asked {memory_mb}",
+            config.max_memory_mb
+        )));
+    }
+    let Some(caps) = config.per_image_caps.get(image) else {
         return Ok(());
     };
     if let Some(max) = caps.max_cpus.filter(|max| cpus > *max) {
