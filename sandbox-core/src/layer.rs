@@ -22,12 +22,17 @@ struct ProcessId {
 }
 
 impl ProcessId {
+    /// The living process `pid`; `None` when there is none, or only its zombie (an adapter
+    /// that died while its parent has not reaped it yet is dead: its sandboxes are leftovers).
     fn of(pid: u32) -> Option<Self> {
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Field 22 (starttime) counted after the `)` that closes the command name, which may
-        // itself hold spaces or parentheses.
-        let after_name = stat.rsplit_once(')')?.1;
-        let start_time = after_name.split_whitespace().nth(19)?.parse().ok()?;
+        // Fields counted after the `)` that closes the command name, which may itself hold
+        // spaces or parentheses: state (3) first, starttime (22) twentieth.
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+        if matches!(fields.next()?, "Z" | "X" | "x") {
+            return None;
+        }
+        let start_time = fields.nth(18)?.parse().ok()?;
         Some(Self { pid, start_time })
     }
 
@@ -152,5 +157,31 @@ mod tests {
             !stale.is_alive(),
             "a reused pid must not count as the recorded process"
         );
+    }
+
+    #[test]
+    fn a_zombie_is_dead() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let process = ProcessId::of(child.id()).expect("a running child");
+        assert!(process.is_alive());
+        // Exited, not reaped: only its zombie is left.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let zombie = loop {
+            let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+            if stat.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(zombie, "the child became a zombie");
+        assert!(!process.is_alive(), "a zombie counts as dead");
+        child.wait().unwrap();
+        assert!(!process.is_alive());
     }
 }

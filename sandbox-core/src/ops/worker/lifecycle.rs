@@ -120,7 +120,8 @@ async fn boot<B: Backend>(
     crate::layer::kill_recorded_process(&layer);
     plugin.backend.release_layer(&layer);
 
-    let mut mounts = read_only_tree(&host, WORKER_DIR, workers.roots.hidden())
+    // Decided now, not at adapter start: a Compose file written since is hidden too.
+    let mut mounts = read_only_tree(&host, WORKER_DIR, &workers.roots.hidden())
         .map_err(|e| boot_error(&format!("cannot read {}", host.display()), e))?;
     mounts.push(GuestMount::Bind(Mount {
         host: workers.dirs.data(&vm_id),

@@ -11,6 +11,7 @@
 //!
 //! Each VM's operations are serialised by a per-`vm_id` lock; `status` and `logs` only read.
 
+mod compose_file;
 mod guest_env;
 mod lifecycle;
 mod record;
@@ -32,12 +33,13 @@ use crate::backend::Backend;
 use crate::error::SandboxError;
 use crate::plugin::SandboxPlugin;
 use crate::request::{env_pairs, guest_path, parse};
+pub use compose_file::{DEFAULT_COMPOSE_FILE, WORKER_MANIFEST};
 use guest_env::TokenFilter;
 use lifecycle::Run;
 use record::{check_vm_id, WorkerDirs, WorkerRecord, WorkerState};
 pub use roots::{
-    HostRoots, COMPOSE_DIR_ENV, COMPOSE_FILE_ENV, COMPOSE_FILE_NAMES, COMPOSE_STATE_DIR_ENV,
-    WORKER_DIRS_ENV,
+    HostRoots, RootSources, COMPOSE_DIR_ENV, COMPOSE_FILE_ENV, COMPOSE_FILE_NAMES,
+    COMPOSE_STATE_DIR_ENV, COMPOSE_STATE_DIR_NAME, WORKER_DIRS_ENV,
 };
 
 /// `logs` returns this many bytes unless asked otherwise, and never more than the cap.
