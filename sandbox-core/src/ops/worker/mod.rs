@@ -19,6 +19,7 @@ mod roots;
 mod safe_fs;
 pub mod schema;
 mod tree;
+mod tuning;
 
 use std::collections::HashMap;
 use std::io;
@@ -41,6 +42,10 @@ pub use roots::{
     HostRoots, RootSources, COMPOSE_DIR_ENV, COMPOSE_FILE_ENV, COMPOSE_FILE_NAMES,
     COMPOSE_STATE_DIR_ENV, COMPOSE_STATE_DIR_NAME, WORKER_DIRS_ENV,
 };
+pub use tuning::{
+    VmTuning, DEFAULT_NOFILE_LIMIT, HYPERTHREADING_ENV, NESTED_VIRT_ENV, NOFILE_LIMIT_ENV,
+    VIRTIOFS_SHM_SIZE_ENV,
+};
 
 /// `logs` returns this many bytes unless asked otherwise, and never more than the cap.
 const DEFAULT_LOG_BYTES: u64 = 64 * 1024;
@@ -54,6 +59,8 @@ pub struct Workers {
     roots: HostRoots,
     token: TokenFilter,
     engine_url: String,
+    /// The `III_VM_*` tuning, for `status` (the backend applies it to worker VMs' boots).
+    tuning: VmTuning,
     runs: Mutex<HashMap<String, Arc<Run>>>,
     op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Held around each read-modify-write of a `worker.json`.
@@ -68,6 +75,7 @@ impl Workers {
             roots: HostRoots::from_env(),
             token: TokenFilter::from_env(),
             engine_url: guest_env::engine_url(),
+            tuning: VmTuning::get(),
             runs: Mutex::default(),
             op_locks: Mutex::default(),
             record_lock: Mutex::default(),
@@ -268,7 +276,7 @@ async fn start<B: Backend>(
     let mut record = workers.load(&vm_id)?;
     if let Some(run) = workers.run(&vm_id) {
         if !run.program_ended() {
-            return Ok(status_json(&record, Some(&run)));
+            return Ok(status_json(plugin, &record, Some(&run)));
         }
         // Its program just ended: let the teardown finish, then start afresh.
         run.wait_done(Duration::from_secs(30)).await;
@@ -278,7 +286,7 @@ async fn start<B: Backend>(
     record.env = env;
     record.workdir = Some(workdir);
     lifecycle::launch(plugin, &mut record).await?;
-    Ok(status_json(&record, workers.run(&vm_id).as_deref()))
+    Ok(status_json(plugin, &record, workers.run(&vm_id).as_deref()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,15 +301,20 @@ fn status<B: Backend>(
     check_vm_id(&request.vm_id)?;
     let record = plugin.workers.load(&request.vm_id)?;
     let run = plugin.workers.run(&request.vm_id);
-    Ok(status_json(&record, run.as_deref()))
+    Ok(status_json(plugin, &record, run.as_deref()))
 }
 
-fn status_json(record: &WorkerRecord, run: Option<&Run>) -> Value {
+fn status_json<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    record: &WorkerRecord,
+    run: Option<&Run>,
+) -> Value {
     let mut status = json!({
         "vm_id": record.vm_id,
         "state": record.state,
         "image": record.image,
         "host_path": record.host_path,
+        "vm_tuning": plugin.workers.tuning.status(plugin.backend.name()),
     });
     let pid = run
         .filter(|_| record.state == WorkerState::Running)

@@ -117,6 +117,29 @@ fn status_response() -> Value {
             "image": {"type": "string"},
             "host_path": {"type": "string"},
             "error": {"type": "string", "description": "Why the VM failed, when it did"},
+            "vm_tuning": vm_tuning(),
         }),
     )
+}
+
+/// `status.vm_tuning`: the `III_VM_*` variables as read, what this backend gives a worker VM
+/// of them, and why not the rest.
+fn vm_tuning() -> Value {
+    let values = json!({
+        "hyperthreading": {"type": "boolean"},
+        "nested_virt": {"type": "boolean"},
+        "virtiofs_shm_size_mib": {"type": "integer", "minimum": 0},
+        "nofile_limit": {"type": ["integer", "null"], "minimum": 1, "description": "null: left to the guest init"},
+    });
+    json!({
+        "type": "object",
+        "description": "The III_VM_* tuning of worker VMs (sandboxes never get it)",
+        "required": ["backend", "requested", "applied", "not_applied"],
+        "properties": {
+            "backend": {"type": "string"},
+            "requested": {"type": "object", "properties": values.clone()},
+            "applied": {"type": "object", "properties": values},
+            "not_applied": {"type": "object", "additionalProperties": {"type": "string"}, "description": "variable -> why this backend does not honour it"},
+        },
+    })
 }
