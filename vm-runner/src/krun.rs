@@ -61,12 +61,48 @@ impl Context {
         })
     }
 
-    pub fn add_virtiofs(&self, tag: &str, path: &str, read_only: bool) -> Result<(), KrunError> {
+    /// A virtio-fs share; `shm_bytes` is its DAX window (0: none).
+    pub fn add_virtiofs(
+        &self,
+        tag: &str,
+        path: &str,
+        shm_bytes: u64,
+        read_only: bool,
+    ) -> Result<(), KrunError> {
         let tag = c_string("krun_add_virtiofs3", tag)?;
         let path = c_string("krun_add_virtiofs3", path)?;
         // SAFETY: both strings are valid and NUL-terminated for the call; libkrun copies them.
         check("krun_add_virtiofs3", unsafe {
-            krun::krun_add_virtiofs3(self.id, tag.as_ptr(), path.as_ptr(), 0, read_only)
+            krun::krun_add_virtiofs3(self.id, tag.as_ptr(), path.as_ptr(), shm_bytes, read_only)
+        })
+    }
+
+    /// Offers the guest the host's virtualisation extensions (x86_64: VMX/SVM in its CPUID,
+    /// where the host's KVM has them).
+    pub fn set_nested_virt(&self, enabled: bool) -> Result<(), KrunError> {
+        // SAFETY: takes no pointer; declared `unsafe` by libkrun only.
+        check("krun_set_nested_virt", unsafe {
+            krun::krun_set_nested_virt(self.id, enabled)
+        })
+    }
+
+    /// Resource limits libkrun's init sets before it starts the workload, each
+    /// `"<resource number>=<soft>:<hard>"` (the guest's numbering).
+    pub fn set_rlimits(&self, limits: &[String]) -> Result<(), KrunError> {
+        let limits: Vec<CString> = limits
+            .iter()
+            .map(|l| c_string("krun_set_rlimits", l))
+            .collect::<Result<_, _>>()?;
+        // libkrun views the array as MAX_ARGS (4096) pointers and stops at the first null:
+        // give it that many, so the whole view is ours.
+        let mut array = vec![std::ptr::null::<std::ffi::c_char>(); 4096];
+        for (slot, limit) in array.iter_mut().zip(&limits) {
+            *slot = limit.as_ptr();
+        }
+        // SAFETY: `array` holds 4096 pointers, null after the last limit; each limit is a
+        // valid NUL-terminated string outliving the call; libkrun copies them.
+        check("krun_set_rlimits", unsafe {
+            krun::krun_set_rlimits(self.id, array.as_ptr())
         })
     }
 

@@ -46,6 +46,102 @@ pub fn die_with_parent() -> Result<(), LaunchError> {
     Ok(())
 }
 
+/// `RLIMIT_NOFILE` in the guest's (Linux) numbering, whatever the host's.
+pub const GUEST_RLIMIT_NOFILE: u32 = 7;
+
+/// One libkrun configuration call, as [`krun_calls`] derives them from a specification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KrunCall {
+    /// `krun_set_vm_config`: SMT is always off there (libkrun 1.19.7 hard-codes it).
+    VmConfig { vcpus: u8, memory_mib: u32 },
+    /// `krun_set_nested_virt(true)`.
+    NestedVirt,
+    /// `krun_set_root`.
+    Root(String),
+    /// `krun_add_virtiofs3`, `shm_bytes` its DAX window (0: none).
+    Virtiofs {
+        tag: String,
+        path: String,
+        shm_bytes: u64,
+        read_only: bool,
+    },
+    /// `krun_disable_implicit_vsock` then `krun_add_vsock(0)`: no TSI.
+    DisableNetworking,
+    /// `krun_add_vsock_port2`.
+    VsockPort {
+        port: u32,
+        socket: String,
+        guest_listens: bool,
+    },
+    /// `krun_set_console_output`.
+    ConsoleOutput(String),
+    /// `krun_set_rlimits`.
+    Rlimits(Vec<String>),
+}
+
+/// The configuration calls `spec` makes, in order (the overlay files of the guest's init
+/// come after them).
+pub fn krun_calls(spec: &VmSpec) -> Vec<KrunCall> {
+    let mut calls = vec![KrunCall::VmConfig {
+        vcpus: spec.vcpus,
+        memory_mib: spec.memory_mib,
+    }];
+    if spec.nested_virt {
+        calls.push(KrunCall::NestedVirt);
+    }
+    calls.push(KrunCall::Root(spec.root.to_string_lossy().into_owned()));
+    let shm_bytes = u64::from(spec.virtiofs_shm_size_mib) << 20;
+    for share in &spec.shares {
+        calls.push(KrunCall::Virtiofs {
+            tag: share.tag.clone(),
+            path: share.host_path.to_string_lossy().into_owned(),
+            shm_bytes,
+            read_only: share.read_only,
+        });
+    }
+    if !spec.network {
+        calls.push(KrunCall::DisableNetworking);
+    }
+    for bridge in &spec.vsock {
+        calls.push(KrunCall::VsockPort {
+            port: bridge.port,
+            socket: bridge.socket.to_string_lossy().into_owned(),
+            guest_listens: bridge.direction == VsockDirection::GuestListens,
+        });
+    }
+    if let Some(log) = &spec.console_log {
+        calls.push(KrunCall::ConsoleOutput(log.to_string_lossy().into_owned()));
+    }
+    if let Some(limit) = spec.nofile_limit {
+        calls.push(KrunCall::Rlimits(vec![format!(
+            "{GUEST_RLIMIT_NOFILE}={limit}:{limit}"
+        )]));
+    }
+    calls
+}
+
+fn make(ctx: &Context, call: &KrunCall) -> Result<(), KrunError> {
+    match call {
+        KrunCall::VmConfig { vcpus, memory_mib } => ctx.set_vm_config(*vcpus, *memory_mib),
+        KrunCall::NestedVirt => ctx.set_nested_virt(true),
+        KrunCall::Root(root) => ctx.set_root(root),
+        KrunCall::Virtiofs {
+            tag,
+            path,
+            shm_bytes,
+            read_only,
+        } => ctx.add_virtiofs(tag, path, *shm_bytes, *read_only),
+        KrunCall::DisableNetworking => ctx.disable_networking(),
+        KrunCall::VsockPort {
+            port,
+            socket,
+            guest_listens,
+        } => ctx.add_vsock_port(*port, socket, *guest_listens),
+        KrunCall::ConsoleOutput(file) => ctx.set_console_output(file),
+        KrunCall::Rlimits(limits) => ctx.set_rlimits(limits),
+    }
+}
+
 /// Probes the host, configures libkrun from `spec` and boots. Never returns on success:
 /// libkrun exits the process with the guest workload's status.
 pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
@@ -57,24 +153,8 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     }
 
     let ctx = Context::new()?;
-    ctx.set_vm_config(spec.vcpus, spec.memory_mib)?;
-    ctx.set_root(&spec.root.to_string_lossy())?;
-    for share in &spec.shares {
-        ctx.add_virtiofs(
-            &share.tag,
-            &share.host_path.to_string_lossy(),
-            share.read_only,
-        )?;
-    }
-    if !spec.network {
-        ctx.disable_networking()?;
-    }
-    for bridge in &spec.vsock {
-        let guest_listens = bridge.direction == VsockDirection::GuestListens;
-        ctx.add_vsock_port(bridge.port, &bridge.socket.to_string_lossy(), guest_listens)?;
-    }
-    if let Some(log) = &spec.console_log {
-        ctx.set_console_output(&log.to_string_lossy())?;
+    for call in krun_calls(spec) {
+        make(&ctx, &call)?;
     }
 
     // libkrun's init reads /.krun_config.json and starts our shim, which reads the launch
@@ -87,4 +167,63 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     ctx.add_root_overlay_file(INIT_PATH, GUEST_INIT, 0o555)?;
 
     Ok(ctx.start_enter()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(extra: serde_json::Value) -> VmSpec {
+        let dir = std::env::temp_dir();
+        let mut value = json!({
+            "vcpus": 2, "memory_mib": 512, "root": dir, "workload": "/agent",
+            "shares": [{"tag": "agent", "host_path": dir, "guest_path": "/a", "read_only": true}],
+            "vsock": [{"port": 1024, "socket": dir.join("x.sock"), "direction": "host-listens"}],
+        });
+        if let (Some(value), serde_json::Value::Object(extra)) = (value.as_object_mut(), extra) {
+            value.extend(extra);
+        }
+        VmSpec::from_json(&value.to_string()).unwrap()
+    }
+
+    #[test]
+    fn a_plain_spec_makes_no_tuning_call() {
+        let calls = krun_calls(&spec(json!({})));
+        assert_eq!(
+            calls[0],
+            KrunCall::VmConfig {
+                vcpus: 2,
+                memory_mib: 512
+            }
+        );
+        assert!(calls.contains(&KrunCall::DisableNetworking));
+        assert!(!calls.contains(&KrunCall::NestedVirt));
+        assert!(!calls.iter().any(|c| matches!(c, KrunCall::Rlimits(_))));
+        assert!(calls.iter().any(
+            |c| matches!(c, KrunCall::Virtiofs { tag, shm_bytes: 0, read_only: true, .. } if tag == "agent")
+        ));
+    }
+
+    #[test]
+    fn the_tuning_fields_become_their_libkrun_calls() {
+        let calls = krun_calls(&spec(json!({
+            "nested_virt": true, "virtiofs_shm_size_mib": 256, "nofile_limit": 65536,
+            "network": true,
+        })));
+        assert!(calls.contains(&KrunCall::NestedVirt));
+        assert!(!calls.contains(&KrunCall::DisableNetworking));
+        let shares: Vec<u64> = calls
+            .iter()
+            .filter_map(|c| match c {
+                KrunCall::Virtiofs { shm_bytes, .. } => Some(*shm_bytes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shares, [256 << 20]);
+        assert!(calls.contains(&KrunCall::Rlimits(vec!["7=65536:65536".into()])));
+        // Nested virtualisation is set before the devices; everything before start.
+        let nested = calls.iter().position(|c| *c == KrunCall::NestedVirt);
+        assert_eq!(nested, Some(1));
+    }
 }

@@ -81,6 +81,9 @@ mod tests {
             workdir: None,
             console_log: None,
             network: false,
+            nested_virt: false,
+            virtiofs_shm_size_mib: 0,
+            nofile_limit: None,
         }
     }
 

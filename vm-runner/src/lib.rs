@@ -23,14 +23,18 @@
 //!  "shares": [{"tag": "work", "host_path": "/abs/dir", "guest_path": "/work", "read_only": false}],
 //!  "vsock": [{"port": 1024, "socket": "/abs/agent.sock", "direction": "guest-listens"}],
 //!  "workload": "/sbin/agent", "argv": ["--flag", "a \"quoted\" arg"], "env": {"K": "v"},
-//!  "workdir": "/", "console_log": "/abs/console.log", "network": false}
+//!  "workdir": "/", "console_log": "/abs/console.log", "network": false,
+//!  "nested_virt": false, "virtiofs_shm_size_mib": 0, "nofile_limit": 65536}
 //! ```
 //!
 //! `argv` follows `workload` (which is argv\[0\]). Arguments, environment and shares reach
 //! the guest through a launch file read by a static init shim (`guest/vm-init.c`) that
 //! libkrun's own init starts, never through the kernel command line. `network: false`
 //! (default) removes libkrun's TSI, so the guest has only its own loopback; vsock bridges
-//! still work. The guest gets `PATH` and `HOME=/root` unless `env` sets them. With
+//! still work. The guest gets `PATH` and `HOME=/root` unless `env` sets them. The last three
+//! fields are worker VMs' tuning (`III_VM_*`): VMX/SVM for the guest, a DAX window per share,
+//! and the guest's open-file limit, set by libkrun's init before ours starts. There is no
+//! SMT switch: libkrun 1.19.7's `krun_set_vm_config` hard-codes it off. With
 //! `root_overlay` (needs root), `root` is only a mount point: the runner mounts the overlay
 //! there in a private mount namespace of its own, so the guest writes go to `upper` and the
 //! mount dies with the runner.

@@ -100,6 +100,18 @@ pub struct VmSpec {
     /// Networking (libkrun's TSI): off unless asked.
     #[serde(default)]
     pub network: bool,
+    /// Nested virtualisation (`krun_set_nested_virt`): on x86_64 the guest's CPUID offers
+    /// VMX/SVM when the host's KVM has them; libkrun 1.19.7 ignores it on Linux aarch64.
+    #[serde(default)]
+    pub nested_virt: bool,
+    /// Size in MiB of the DAX window (virtio-fs shared memory region) given to each of
+    /// `shares`; 0 (default) gives none. The root keeps libkrun's own 512 MiB window.
+    #[serde(default)]
+    pub virtiofs_shm_size_mib: u32,
+    /// `RLIMIT_NOFILE`, soft and hard, that libkrun's init sets (`KRUN_RLIMITS`) before it
+    /// starts ours, so the workload and all it starts inherit it; absent: the kernel's.
+    #[serde(default)]
+    pub nofile_limit: Option<u64>,
 }
 
 /// Why a specification was refused.
@@ -137,6 +149,8 @@ pub enum SpecError {
     OverlayPath { field: &'static str, path: PathBuf },
     #[error("console_log {0:?}: its directory does not exist")]
     BadConsoleLog(PathBuf),
+    #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
+    NofileLimit,
 }
 
 impl VmSpec {
@@ -190,6 +204,9 @@ impl VmSpec {
         }
         if let Some(dir) = &self.workdir {
             guest_absolute("workdir", dir)?;
+        }
+        if self.nofile_limit == Some(0) {
+            return Err(SpecError::NofileLimit);
         }
         if let Some(log) = &self.console_log {
             host_absolute("console_log", log)?;
@@ -313,6 +330,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = check(base(dir.path())).unwrap();
         assert!(!spec.network);
+        assert!(!spec.nested_virt);
+        assert_eq!((spec.virtiofs_shm_size_mib, spec.nofile_limit), (0, None));
         assert!(spec.shares.is_empty() && spec.vsock.is_empty() && spec.argv.is_empty());
     }
 
@@ -398,6 +417,28 @@ mod tests {
             check(v),
             Err(SpecError::OverlayPath { field: "lower", .. })
         ));
+    }
+
+    #[test]
+    fn tuning_fields_are_read_and_a_zero_nofile_limit_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = base(dir.path());
+        v["nested_virt"] = json!(true);
+        v["virtiofs_shm_size_mib"] = json!(256);
+        v["nofile_limit"] = json!(65536);
+        let spec = check(v).unwrap();
+        assert!(spec.nested_virt);
+        assert_eq!(spec.virtiofs_shm_size_mib, 256);
+        assert_eq!(spec.nofile_limit, Some(65536));
+        let mut v = base(dir.path());
+        v["nofile_limit"] = json!(0);
+        assert!(matches!(check(v), Err(SpecError::NofileLimit)));
+        let mut v = base(dir.path());
+        v["hyperthreading"] = json!(true);
+        assert!(
+            matches!(check(v), Err(SpecError::Parse(_))),
+            "no SMT switch to give"
+        );
     }
 
     #[test]
