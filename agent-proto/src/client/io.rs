@@ -33,7 +33,15 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
     writer: &mut W,
     frame: &Frame,
 ) -> Result<(), FrameError> {
-    writer.write_all(&frame.to_bytes()?).await?;
+    write_bytes(writer, &frame.to_bytes()?).await
+}
+
+/// Writes one frame already encoded (header and payload, [`Frame::to_bytes`]).
+pub(crate) async fn write_bytes<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
+    bytes: &[u8],
+) -> Result<(), FrameError> {
+    writer.write_all(bytes).await?;
     writer.flush().await?;
     Ok(())
 }

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::frame::CHUNK_SIZE;
+use crate::frame::{CHUNK_SIZE, MAX_PAYLOAD};
 use crate::{
     ExecExit, ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
     MessageError, RequestError, PROTOCOL_VERSION,
@@ -42,6 +42,11 @@ pub enum AgentError {
     Unexpected(String),
     #[error("request could not be encoded: {0}")]
     Encode(String),
+    /// Refused before anything was sent: the link stays whole and the next request works.
+    #[error(
+        "the request is {bytes} bytes as an agent frame, over the link's limit of {limit} bytes"
+    )]
+    TooLarge { bytes: usize, limit: usize },
 }
 
 /// One piece of an exec's output, as [`AgentClient::exec_streaming`] hands it on.
@@ -57,6 +62,22 @@ struct Inner {
     writer: tokio::sync::Mutex<BoxWriter>,
     waiters: Mutex<Waiters>,
     next_id: AtomicU32,
+    /// Why the connection is gone, once it is (for [`AgentClient::closed`]).
+    closed: watch::Sender<Option<String>>,
+}
+
+impl Inner {
+    /// Fails every request in flight, refuses new ones and tells who waits for the end.
+    fn close(&self, reason: &str) {
+        lock(&self.waiters).close(reason);
+        self.closed.send_if_modified(|closed| {
+            let first = closed.is_none();
+            if first {
+                *closed = Some(reason.to_string());
+            }
+            first
+        });
+    }
 }
 
 /// A connection to one agent. Cheap to clone; all clones share the connection.
@@ -105,6 +126,7 @@ impl AgentClient {
             writer: tokio::sync::Mutex::new(Box::new(writer)),
             waiters: Mutex::new(Waiters::default()),
             next_id: AtomicU32::new(1),
+            closed: watch::Sender::new(None),
         });
         tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));
         Ok(AgentClient { inner })
@@ -156,9 +178,11 @@ impl AgentClient {
         let mut guard = InFlight {
             client: self,
             id,
-            kill_on_drop: true,
+            kill_on_drop: false,
         };
         self.send(Message::ExecStart(spec.to_request()), id).await?;
+        // Started: from here on a call that ends early kills the program.
+        guard.kill_on_drop = true;
         if !spec.stdin.is_empty() {
             let chunks: Vec<&[u8]> = spec.stdin.chunks(CHUNK_SIZE).collect();
             let last = chunks.len() - 1;
@@ -259,6 +283,17 @@ impl AgentClient {
         lock(&self.inner.waiters).is_closed()
     }
 
+    /// Waits until the connection is gone (the agent closed the stream, a write failed, or
+    /// the agent sent what cannot be decoded) and says why.
+    pub async fn closed(&self) -> String {
+        let mut watch = self.inner.closed.subscribe();
+        let reason = match watch.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "the connection was dropped".into(),
+        };
+        reason
+    }
+
     fn next_id(&self) -> u32 {
         loop {
             let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -272,14 +307,23 @@ impl AgentClient {
         lock(&self.inner.waiters).register(id, waiter)
     }
 
+    /// Sends one frame. A frame over [`MAX_PAYLOAD`] is refused here, before a byte is
+    /// written: only a failed write closes the connection.
     async fn send(&self, msg: Message, id: u32) -> Result<(), AgentError> {
-        let frame = msg
+        let bytes = msg
             .into_frame(id)
-            .map_err(|e| AgentError::Encode(e.to_string()))?;
+            .and_then(|frame| Ok(frame.to_bytes()?))
+            .map_err(|e| match e {
+                MessageError::Frame(FrameError::TooLarge(bytes)) => AgentError::TooLarge {
+                    bytes,
+                    limit: MAX_PAYLOAD,
+                },
+                other => AgentError::Encode(other.to_string()),
+            })?;
         let mut writer = self.inner.writer.lock().await;
-        if let Err(e) = io::write_frame(&mut *writer, &frame).await {
+        if let Err(e) = io::write_bytes(&mut *writer, &bytes).await {
             let reason = format!("write failed: {e}");
-            lock(&self.inner.waiters).close(&reason);
+            self.inner.close(&reason);
             return Err(AgentError::ConnectionLost(reason));
         }
         Ok(())
@@ -314,7 +358,8 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, inner: std::sync::Weak<I
         let frame = match io::read_frame(&mut reader).await {
             Ok(frame) => frame,
             Err(FrameError::Closed) => break "agent closed the stream".to_string(),
-            Err(e) => break e.to_string(),
+            Err(e @ FrameError::Io(_)) => break e.to_string(),
+            Err(e) => break format!("the agent sent a frame the host cannot decode ({e})"),
         };
         let Some(inner) = inner.upgrade() else {
             return; // every client handle is gone
@@ -338,7 +383,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, inner: std::sync::Weak<I
         }
     };
     if let Some(inner) = inner.upgrade() {
-        lock(&inner.waiters).close(&reason);
+        inner.close(&reason);
     }
 }
 

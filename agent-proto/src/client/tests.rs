@@ -229,3 +229,68 @@ async fn a_streaming_exec_fails_when_the_connection_is_lost() {
         "the sink ends with the connection"
     );
 }
+
+#[tokio::test]
+async fn an_oversized_request_is_refused_and_the_link_stays_whole() {
+    let (client, mut fake) = pair().await;
+    let mut big = spec(10);
+    big.argv = vec!["x".repeat(2 * 1024 * 1024)];
+    match client.exec(big).await {
+        Err(AgentError::TooLarge { bytes, limit }) => {
+            assert!(
+                bytes > 2 * 1024 * 1024 && limit == MAX_PAYLOAD,
+                "{bytes} {limit}"
+            );
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let path = "/".repeat(MAX_PAYLOAD);
+    let refused = client.fs(FsRequest::Stat { path }).await;
+    assert!(
+        matches!(refused, Err(AgentError::TooLarge { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        !client.is_closed(),
+        "nothing was written: the link is whole"
+    );
+
+    // The next request is the first frame the agent sees (no ExecKill for the refused one).
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(spec(10)).await }
+    });
+    let start = fake.recv().await;
+    assert_eq!(start.kind, Kind::ExecStart);
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    let out = call.await.expect("task").expect("the next exec works");
+    assert_eq!(out.exit_code, 0);
+}
+
+#[tokio::test]
+async fn closed_says_why_once_the_agent_sends_what_cannot_be_decoded() {
+    let (client, mut fake) = pair().await;
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { client.closed().await }
+    });
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.exec(spec(10)).await }
+    });
+    assert_eq!(fake.recv().await.kind, Kind::ExecStart);
+    use tokio::io::AsyncWriteExt;
+    fake.writer
+        .write_all(b"garbage that is no frame header")
+        .await
+        .unwrap();
+    let reason = waiting.await.expect("task");
+    assert!(reason.contains("cannot decode"), "{reason}");
+    assert!(client.is_closed());
+    match call.await.expect("task") {
+        Err(AgentError::ConnectionLost(why)) => assert_eq!(why, reason),
+        other => panic!("the exec in flight fails with the cause: {other:?}"),
+    }
+    // Already closed: answers at once.
+    assert_eq!(client.closed().await, reason);
+}
