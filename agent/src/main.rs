@@ -62,6 +62,15 @@ fn main() -> ExitCode {
             }
         }
     }
+    // Nothing in the sandbox may reach the agent's descriptors through /proc/1/fd (the host
+    // link among them) or its memory.
+    if let Err(e) = sys::make_non_dumpable() {
+        log!("cannot make the agent non-dumpable: {e}");
+        return ExitCode::from(1);
+    }
+    // The OOM killer takes a program before the agent: here by the agent's own score where
+    // it may lower it (a VM), and always by each exec's raised one.
+    let _ = sys::avoid_oom_killer();
     // Before any thread exists, so every thread inherits the mask.
     if let Err(e) = sys::block_handled_signals() {
         log!("cannot block signals: {e}");

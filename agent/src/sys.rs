@@ -98,6 +98,52 @@ pub fn die_with_parent() -> io::Result<()> {
     Ok(())
 }
 
+/// In a freshly forked child: makes it (and what it starts) the OOM killer's first choice,
+/// ahead of the agent. Raising `oom_score_adj` needs no privilege, where lowering the agent's
+/// own does (CAP_SYS_RESOURCE, which a sandbox's user namespace cannot grant). Best effort:
+/// without `/proc` the child keeps the agent's score.
+pub fn prefer_as_oom_victim() {
+    const PATH: &[u8] = b"/proc/self/oom_score_adj\0";
+    const MOST: &[u8] = b"1000";
+    // SAFETY: open, write and close are async-signal-safe (this runs between fork and exec);
+    // PATH is NUL-terminated and MOST is valid for its length.
+    unsafe {
+        let fd = libc::open(PATH.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, MOST.as_ptr().cast(), MOST.len());
+            libc::close(fd);
+        }
+    }
+}
+
+/// Tries to take the agent out of the OOM killer's choices (`oom_score_adj` -1000): works
+/// where the agent holds CAP_SYS_RESOURCE (a VM's PID 1), not in a user namespace.
+pub fn avoid_oom_killer() -> io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", "-1000")
+}
+
+/// Makes the agent non-dumpable: no process of the sandbox (none holds CAP_SYS_PTRACE) may
+/// then open its `/proc/1/fd/*`, `/proc/1/mem` or `/proc/1/environ`, nor ptrace it. Its
+/// children are dumpable again once they exec.
+pub fn make_non_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes one integer argument and has no memory effects.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Points descriptor `target` (0, 1) at `file`, closing what it was.
+pub fn redirect(target: RawFd, file: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: dup2 only changes the descriptor table; both descriptors are valid for the call.
+    let rc = unsafe { libc::dup2(file.as_raw_fd(), target) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A close-on-exec, non-blocking pipe: (read end, write end).
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];

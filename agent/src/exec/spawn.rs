@@ -97,11 +97,15 @@ fn build(req: &ExecRequest) -> Result<Command, SpawnError> {
         }
         command.current_dir(dir);
     }
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
-    // sigprocmask, which are async-signal-safe; it touches no memory shared with other threads.
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl,
+    // sigprocmask, open, write and close, which are async-signal-safe; it touches no memory
+    // shared with other threads.
     unsafe {
         command.pre_exec(|| {
             sys::die_with_parent()?;
+            // The program, not the agent, is what the OOM killer ends (the sandbox then
+            // keeps serving).
+            sys::prefer_as_oom_victim();
             sys::unblock_all_signals()
         });
     }
