@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError};
 use tokio::net::UnixListener;
 use tokio::process::Command;
@@ -27,18 +28,27 @@ const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct LibkrunBackend {
     runner: PathBuf,
+    /// The `III_VM_*` tuning given to worker VMs (never to sandboxes).
+    tuning: VmTuning,
 }
 
 impl LibkrunBackend {
-    /// Uses `$SANDBOX_LIBKRUN_VM`, else `sandbox-libkrun-vm` next to the current executable.
+    /// Uses `$SANDBOX_LIBKRUN_VM`, else `sandbox-libkrun-vm` next to the current executable,
+    /// and the `III_VM_*` tuning of the adapter's environment.
     pub fn new() -> Self {
-        Self {
-            runner: sandbox_core::helper_program(RUNNER_ENV, RUNNER),
-        }
+        Self::with_runner(sandbox_core::helper_program(RUNNER_ENV, RUNNER))
     }
 
     pub fn with_runner(runner: PathBuf) -> Self {
-        Self { runner }
+        Self {
+            runner,
+            tuning: VmTuning::get(),
+        }
+    }
+
+    /// The same backend giving worker VMs `tuning` instead.
+    pub fn with_tuning(self, tuning: VmTuning) -> Self {
+        Self { tuning, ..self }
     }
 
     /// The runner binary this backend starts.
@@ -52,7 +62,7 @@ impl LibkrunBackend {
         }
         let layout = Layout::new(&spec.layer_dir);
         layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
-        let (vm_spec, _) = vm_spec::build(spec, &layout)?;
+        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
         let listener = UnixListener::bind(&layout.socket).map_err(|source| BootError::Listen {

@@ -1,11 +1,14 @@
 //! The runner's specification for one sandbox: the overlay root, the agent's read-only share,
-//! the agent as the workload dialling back on a vsock port bridged to the layer's socket.
+//! the agent as the workload dialling back on a vsock port bridged to the layer's socket, and
+//! for a worker VM the `III_VM_*` tuning the runner can honour (nested virtualisation, the
+//! shares' DAX window, the guest's open-file limit; SMT it cannot: see `VmTuning::status`).
 
 use serde_json::{json, Value};
 use vm_runner::spec::{MAX_VCPUS, MIN_MEMORY_MIB};
 use vm_runner::{SpecError, VmSpec};
 
 use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
+use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::BootSpec;
 
 /// The vsock port the agent connects to (host CID 2); bridged to `agent.sock`.
@@ -20,13 +23,18 @@ pub enum VmSpecError {
 }
 
 /// Builds and validates (as the runner will) the specification. Memory below what the guest
-/// kernel needs is raised to that minimum.
-pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpecError> {
+/// kernel needs is raised to that minimum. A worker VM's spec (its layer persists: only
+/// `worker::*` boots ask for that) carries `tuning`; a sandbox's never does.
+pub fn build(
+    spec: &BootSpec,
+    layout: &Layout,
+    tuning: &VmTuning,
+) -> Result<(Value, VmSpec), VmSpecError> {
     let vcpus = u8::try_from(spec.cpus)
         .ok()
         .filter(|n| *n <= MAX_VCPUS)
         .ok_or(VmSpecError::TooManyCpus(spec.cpus))?;
-    let value = json!({
+    let mut value = json!({
         "vcpus": vcpus,
         "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
         "root": layout.root,
@@ -47,6 +55,11 @@ pub fn build(spec: &BootSpec, layout: &Layout) -> Result<(Value, VmSpec), VmSpec
         "console_log": layout.console_log,
         "network": spec.network,
     });
+    if spec.persistent_layer {
+        value["nested_virt"] = tuning.nested_virt.into();
+        value["virtiofs_shm_size_mib"] = tuning.virtiofs_shm_size_mib.into();
+        value["nofile_limit"] = json!(tuning.nofile_limit);
+    }
     let parsed = VmSpec::from_json(&value.to_string())?;
     Ok((value, parsed))
 }
@@ -91,11 +104,20 @@ mod tests {
         (spec, layout)
     }
 
+    fn tuned() -> VmTuning {
+        VmTuning {
+            hyperthreading: true,
+            nested_virt: true,
+            virtiofs_shm_size_mib: 256,
+            nofile_limit: Some(4096),
+        }
+    }
+
     #[test]
     fn spec_runs_the_agent_over_the_overlay_root_with_the_requested_resources() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 2, 1024);
-        let (_, vm) = build(&spec, &layout).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
         assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, true));
         assert_eq!(vm.root, layout.root);
         let overlay = vm.root_overlay.unwrap();
@@ -116,12 +138,64 @@ mod tests {
     fn tiny_memory_is_raised_and_too_many_cpus_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 1, 16);
-        assert_eq!(build(&spec, &layout).unwrap().1.memory_mib, MIN_MEMORY_MIB);
+        let tuning = VmTuning::default();
+        assert_eq!(
+            build(&spec, &layout, &tuning).unwrap().1.memory_mib,
+            MIN_MEMORY_MIB
+        );
         let (mut spec, layout) = (spec, layout);
         spec.cpus = 300;
         assert!(matches!(
-            build(&spec, &layout),
+            build(&spec, &layout, &tuning),
             Err(VmSpecError::TooManyCpus(300))
         ));
+    }
+
+    #[test]
+    fn a_worker_vm_gets_the_tuning_and_the_runner_makes_its_calls() {
+        use vm_runner::launch::{krun_calls, KrunCall};
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, layout) = boot_spec(dir.path(), 2, 1024);
+        spec.persistent_layer = true;
+        let (value, vm) = build(&spec, &layout, &tuned()).unwrap();
+        assert!(vm.nested_virt);
+        assert_eq!(vm.virtiofs_shm_size_mib, 256);
+        assert_eq!(vm.nofile_limit, Some(4096));
+        assert!(
+            value.get("hyperthreading").is_none(),
+            "no SMT switch exists"
+        );
+        let calls = krun_calls(&vm);
+        assert!(calls.contains(&KrunCall::NestedVirt), "{calls:?}");
+        assert!(calls.contains(&KrunCall::Rlimits(vec!["7=4096:4096".into()])));
+        assert!(calls.iter().all(|c| match c {
+            KrunCall::Virtiofs { shm_bytes, .. } => *shm_bytes == 256 << 20,
+            _ => true,
+        }));
+        // III_VM_NOFILE_LIMIT=0 leaves the limit to the guest's init: no call.
+        let quiet = VmTuning {
+            nofile_limit: None,
+            ..VmTuning::default()
+        };
+        let (_, vm) = build(&spec, &layout, &quiet).unwrap();
+        assert_eq!(vm.nofile_limit, None);
+        assert!(!krun_calls(&vm)
+            .iter()
+            .any(|c| matches!(c, KrunCall::Rlimits(_) | KrunCall::NestedVirt)));
+    }
+
+    #[test]
+    fn a_sandbox_never_gets_the_tuning() {
+        use vm_runner::launch::{krun_calls, KrunCall};
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, layout) = boot_spec(dir.path(), 1, 512);
+        let (value, vm) = build(&spec, &layout, &tuned()).unwrap();
+        for field in ["nested_virt", "virtiofs_shm_size_mib", "nofile_limit"] {
+            assert!(value.get(field).is_none(), "{field}: {value}");
+        }
+        assert!(!vm.nested_virt && vm.nofile_limit.is_none());
+        assert!(!krun_calls(&vm)
+            .iter()
+            .any(|c| matches!(c, KrunCall::Rlimits(_) | KrunCall::NestedVirt)));
     }
 }
