@@ -1,15 +1,17 @@
 //! The live sandboxes of this adapter: slots against `max_concurrent_sandboxes`, per-sandbox
 //! exec slots, activity for idle reaping, and the ids of stopped sandboxes (so `stop` stays
-//! idempotent and calls on them get S004 instead of S002).
+//! idempotent and calls on them get S004 instead of S002, with why they ended). A sandbox
+//! whose agent is gone leaves the live set (and its slot) at once, and stays in `list` as
+//! stopped until a `stop` names it or its idle timeout passes.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use agent_proto::client::AgentClient;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::backend::SandboxProcess;
@@ -35,6 +37,8 @@ pub struct Sandbox {
     calls_in_flight: AtomicUsize,
     last_activity: Mutex<Instant>,
     stopped: AtomicBool,
+    /// Why the sandbox ended, once it has (for the calls it was serving).
+    ended: watch::Sender<Option<String>>,
 }
 
 /// Held while an exec or fs call runs: the reaper leaves the sandbox alone meanwhile.
@@ -81,7 +85,32 @@ impl Sandbox {
             calls_in_flight: AtomicUsize::new(0),
             last_activity: Mutex::new(Instant::now()),
             stopped: AtomicBool::new(false),
+            ended: watch::Sender::new(None),
         }
+    }
+
+    /// Marks the sandbox stopped, saying why (the first cause given stays).
+    fn end(&self, cause: &str) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.ended.send_if_modified(|ended| {
+            let first = ended.is_none();
+            if first {
+                *ended = Some(cause.to_string());
+            }
+            first
+        });
+    }
+
+    /// Why the sandbox ended, waiting up to `wait` for the verdict (the watcher of a dead
+    /// agent reads the process's exit status first); `None` while still undecided.
+    pub async fn end_cause(&self, wait: Duration) -> Option<String> {
+        let mut ended = self.ended.subscribe();
+        let cause = tokio::time::timeout(wait, ended.wait_for(Option::is_some))
+            .await
+            .ok()?
+            .ok()?
+            .clone();
+        cause
     }
 
     fn touch(&self) {
@@ -136,8 +165,27 @@ struct State {
     live: HashMap<Uuid, Arc<Sandbox>>,
     /// Creates that hold a slot but have not finished booting.
     creating: usize,
-    stopped: HashSet<Uuid>,
+    stopped: HashMap<Uuid, Ended>,
     stopped_order: VecDeque<Uuid>,
+}
+
+/// What is remembered of a stopped sandbox.
+struct Ended {
+    /// Why it ended, when not by `stop` or the idle reaper (its agent died).
+    cause: Option<String>,
+    /// Still shown by `list` (as stopped) until this instant: sandboxes whose agent died,
+    /// whose caller has not said `stop` yet.
+    listed: Option<(Dead, Instant)>,
+}
+
+/// A sandbox that ended by itself, as `list` shows it.
+#[derive(Debug, Clone)]
+pub struct Dead {
+    pub id: Uuid,
+    pub name: Option<String>,
+    pub image: String,
+    pub created: SystemTime,
+    pub cause: String,
 }
 
 pub struct Registry {
@@ -209,10 +257,13 @@ impl Registry {
         if let Some(sandbox) = state.live.get(&id) {
             return Ok(Arc::clone(sandbox));
         }
-        if state.stopped.contains(&id) {
-            return Err(SandboxError::Stopped(id.to_string()));
+        match state.stopped.get(&id) {
+            Some(Ended {
+                cause: Some(cause), ..
+            }) => Err(SandboxError::Stopped(format!("{id} ({cause})"))),
+            Some(_) => Err(SandboxError::Stopped(id.to_string())),
+            None => Err(SandboxError::UnknownSandbox(id.to_string())),
         }
-        Err(SandboxError::UnknownSandbox(id.to_string()))
     }
 
     /// Starts an exec on a live sandbox. Done under the registry lock, so the reaper, which
@@ -245,29 +296,87 @@ impl Registry {
         let mut taken = Vec::with_capacity(idle.len());
         for id in idle {
             if let Some(sandbox) = state.live.remove(&id) {
-                sandbox.stopped.store(true, Ordering::SeqCst);
-                remember_stopped(&mut state, id);
+                sandbox.end(&format!(
+                    "stopped after {} s without activity",
+                    sandbox.idle_timeout.as_secs()
+                ));
+                remember_stopped(&mut state, id, None, None);
                 taken.push(sandbox);
+            }
+        }
+        // Dead sandboxes nobody stopped leave `list` after their idle timeout too.
+        for ended in state.stopped.values_mut() {
+            if ended
+                .listed
+                .as_ref()
+                .is_some_and(|(_, until)| now >= *until)
+            {
+                ended.listed = None;
             }
         }
         taken
     }
 
     /// Takes a sandbox out of the live set (the caller then tears it down). `Ok(None)` when it
-    /// was already stopped.
+    /// was already stopped; a dead sandbox then leaves `list`.
     pub fn take(&self, id: Uuid, remember: bool) -> Result<Option<Arc<Sandbox>>, SandboxError> {
         let mut state = self.state();
         match state.live.remove(&id) {
             Some(sandbox) => {
-                sandbox.stopped.store(true, Ordering::SeqCst);
+                sandbox.end("stopped by a `stop` call");
                 if remember {
-                    remember_stopped(&mut state, id);
+                    remember_stopped(&mut state, id, None, None);
                 }
                 Ok(Some(sandbox))
             }
-            None if state.stopped.contains(&id) => Ok(None),
-            None => Err(SandboxError::UnknownSandbox(id.to_string())),
+            None => match state.stopped.get_mut(&id) {
+                Some(ended) => {
+                    ended.listed = None;
+                    Ok(None)
+                }
+                None => Err(SandboxError::UnknownSandbox(id.to_string())),
+            },
         }
+    }
+
+    /// Takes out a sandbox whose agent is gone, remembering `cause` for later calls and
+    /// keeping it in `list` as stopped; its slot is free at once. `None` when it was no
+    /// longer live (stopped meanwhile).
+    pub fn take_dead(&self, id: Uuid, cause: &str) -> Option<Arc<Sandbox>> {
+        let mut state = self.state();
+        let sandbox = state.live.remove(&id)?;
+        sandbox.end(cause);
+        let dead = Dead {
+            id,
+            name: sandbox.name.clone(),
+            image: sandbox.image.clone(),
+            created: sandbox.created,
+            cause: cause.to_string(),
+        };
+        let until = Instant::now()
+            .checked_add(sandbox.idle_timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        remember_stopped(&mut state, id, Some(cause.to_string()), Some((dead, until)));
+        Some(sandbox)
+    }
+
+    pub fn is_live(&self, id: Uuid) -> bool {
+        self.state().live.contains_key(&id)
+    }
+
+    /// Sandboxes that ended by themselves and are still listed, oldest first.
+    pub fn dead(&self) -> Vec<Dead> {
+        let now = Instant::now();
+        let state = self.state();
+        let mut dead: Vec<Dead> = state
+            .stopped
+            .values()
+            .filter_map(|e| e.listed.as_ref())
+            .filter(|(_, until)| now < *until)
+            .map(|(dead, _)| dead.clone())
+            .collect();
+        dead.sort_by_key(|d| d.created);
+        dead
     }
 
     pub fn live(&self) -> Vec<Arc<Sandbox>> {
@@ -285,8 +394,13 @@ impl Registry {
     }
 }
 
-fn remember_stopped(state: &mut State, id: Uuid) {
-    if state.stopped.insert(id) {
+fn remember_stopped(
+    state: &mut State,
+    id: Uuid,
+    cause: Option<String>,
+    listed: Option<(Dead, Instant)>,
+) {
+    if state.stopped.insert(id, Ended { cause, listed }).is_none() {
         state.stopped_order.push_back(id);
     }
     while state.stopped_order.len() > REMEMBERED_STOPPED {

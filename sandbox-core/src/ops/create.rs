@@ -160,6 +160,8 @@ pub async fn create_sandbox<B: Backend>(
         process: booted.process,
         layer,
     });
+    // A sandbox whose agent goes away is stopped at once.
+    crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
     // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
     tracing::info!(
         sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb,

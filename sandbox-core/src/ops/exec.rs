@@ -2,6 +2,7 @@
 //! bounded output, S003 past the per-sandbox cap, S200 with the partial output).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use agent_proto::client::AgentError;
 use agent_proto::{ExecOutcome, ExecSpec};
@@ -78,11 +79,10 @@ pub async fn run_in<B: Backend>(
         timeout_ms,
         max_output_bytes: OUTPUT_CAP,
     };
-    let outcome = sandbox
-        .agent
-        .exec(spec)
-        .await
-        .map_err(|e| agent_failure(sandbox, e))?;
+    let outcome = match sandbox.agent.exec(spec).await {
+        Ok(outcome) => outcome,
+        Err(e) => return Err(agent_failure(sandbox, e).await),
+    };
     let result = result_json(&outcome);
     if outcome.timed_out {
         return Err(SandboxError::ExecTimedOut {
@@ -116,17 +116,22 @@ fn result_json(outcome: &ExecOutcome) -> Value {
     })
 }
 
-/// Maps an agent failure on `sandbox` to the caller's error.
-pub fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError {
+/// How long a call whose agent link broke waits for the sandbox's verdict (why it ended).
+const END_CAUSE_WAIT: Duration = Duration::from_secs(3);
+
+/// Maps an agent failure on `sandbox` to the caller's error. A lost link means the sandbox
+/// is ending (stopped, or its agent is gone and it is being stopped): S004 with the cause.
+pub async fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError {
     match error {
-        AgentError::ConnectionLost(cause)
-            if !sandbox.process.is_alive() || sandbox.is_stopped() =>
-        {
-            SandboxError::Stopped(format!(
-                "{} (its sandbox process ended: {cause})",
-                sandbox.id
-            ))
+        AgentError::ConnectionLost(link) => {
+            let cause = sandbox.end_cause(END_CAUSE_WAIT).await.unwrap_or(link);
+            SandboxError::Stopped(format!("{} ({cause})", sandbox.id))
         }
+        AgentError::TooLarge { bytes, limit } => SandboxError::InvalidRequest(format!(
+            "the request is {bytes} bytes as an agent frame, over the limit of {limit} bytes \
+             (1 MiB): shorten argv, env, workdir or paths (pass large data as stdin or with \
+             fs::write)"
+        )),
         AgentError::Fs(fs) => crate::ops::fs_error(fs),
         AgentError::Request(refusal) => {
             SandboxError::InvalidRequest(format!("the agent refused: {refusal}"))

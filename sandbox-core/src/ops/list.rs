@@ -1,4 +1,6 @@
-//! `list`: live sandboxes with their exec occupancy, and the adapter-wide slots.
+//! `list`: live sandboxes with their exec occupancy, then those whose agent died by itself
+//! (`stopped: true` and a `cause`, until a `stop` names them or their idle timeout passes;
+//! they hold no slot), and the adapter-wide slots.
 
 use std::time::SystemTime;
 
@@ -26,6 +28,19 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "stopped": s.is_stopped(),
             })
         })
+        .chain(plugin.registry.dead().into_iter().map(|dead| {
+            json!({
+                "sandbox_id": dead.id.to_string(),
+                "name": dead.name,
+                "image": dead.image,
+                "age_secs": now.duration_since(dead.created).map(|d| d.as_secs()).unwrap_or(0),
+                "exec_in_progress": false,
+                "exec_in_flight": 0,
+                "exec_slots_free": 0,
+                "stopped": true,
+                "cause": dead.cause,
+            })
+        }))
         .collect();
     let occupancy = plugin.registry.occupancy();
     json!({

@@ -132,12 +132,10 @@ async fn write_file(sandbox: &Sandbox, path: &str, data: &[u8]) -> Result<(), Sa
         append: false,
         data: data.to_vec(),
     };
-    sandbox
-        .agent
-        .fs(request)
-        .await
-        .map(|_| ())
-        .map_err(|e| agent_failure(sandbox, e))
+    match sandbox.agent.fs(request).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(agent_failure(sandbox, e).await),
+    }
 }
 
 #[cfg(test)]

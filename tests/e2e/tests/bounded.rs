@@ -162,3 +162,236 @@ async fn ceilings_hold_without_per_image_caps() {
     let id = create(&stack, "python", json!({"cpus": 2, "memory_mb": 600})).await;
     stop(&stack, &id, true).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_bomb_dies_and_the_sandbox_keeps_serving() {
+    let test = "a_memory_bomb_dies_and_the_sandbox_keeps_serving";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    if !enforced(&stack, "memory", test).await {
+        return;
+    }
+    let id = create(&stack, "python", json!({"memory_mb": 128})).await;
+    // Touches every page (a zeroed buffer would not), 16 MiB at a time, far past 128 MiB.
+    let bomb = "chunks = []\nfor _ in range(64):\n    chunks.append(b'\\x01' * (16 << 20))\nprint('survived')";
+    let result = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["python3", "-c", bomb], "timeout_ms": 60_000}),
+    )
+    .await;
+    assert_eq!(
+        result["exit_code"], 137,
+        "the bomb, not the agent, is the OOM killer's victim: {result}"
+    );
+    assert_ne!(stdout(&result), "survived\n", "{result}");
+    // The same again from a shell's child: the program's descendants are the victims too.
+    let mut nested = sh("python3 -c \"$BOMB\"; echo shell-left");
+    nested["env"] = json!({ "BOMB": bomb });
+    nested["timeout_ms"] = json!(60_000);
+    let nested = exec_ok(&stack, &id, nested).await;
+    assert_eq!(
+        stdout(&nested),
+        "shell-left\n",
+        "only the python child died: {nested}"
+    );
+    let after = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
+    assert_eq!(
+        after["stdout"], "ok\n",
+        "the sandbox keeps serving: {after}"
+    );
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert!(
+        list["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["sandbox_id"] == id.as_str() && s["stopped"] == false),
+        "{list}"
+    );
+    stop(&stack, &id, true).await;
+}
+
+/// The agent of sandbox `id`: the process named after the agent's path under the sandbox
+/// process (bwrap) its layer records.
+fn agent_pid(stack: &Stack, id: &str) -> u32 {
+    let recorded = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id)
+        .join("process");
+    let text = std::fs::read_to_string(&recorded).expect("the layer records its process");
+    let bwrap: u32 = text
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a pid");
+    sandbox_support::descendants(bwrap)
+        .into_iter()
+        .find(|p| p.comm == ".iii-agent")
+        .unwrap_or_else(|| panic!("no agent under bwrap {bwrap}"))
+        .pid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_whose_agent_is_killed_is_stopped_at_once() {
+    if !bwrap_usable("a_sandbox_whose_agent_is_killed_is_stopped_at_once") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({"name": "doomed"})).await;
+    let other = create(&stack, "python", json!({})).await;
+    let layer = stack.state_dir.path().join("sandboxes").join(&id);
+    let before = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(before["in_flight"], 2, "{before}");
+
+    let pid = agent_pid(&stack, &id);
+    let killed_at = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the agent from the host");
+    let deadline = killed_at + Duration::from_secs(3);
+    let (stopped, seen) = loop {
+        let list = stack.call("list", json!({})).await.expect("list");
+        let entry = list["sandboxes"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["sandbox_id"] == id.as_str()).cloned());
+        let done = entry.as_ref().is_some_and(|e| e["stopped"] == true) && list["in_flight"] == 1;
+        if done || std::time::Instant::now() > deadline {
+            break (done, list);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "killed agent seen stopped in list after {} ms: {seen}",
+        killed_at.elapsed().as_millis()
+    );
+    assert!(
+        stopped,
+        "list shows it stopped and its slot free within 3 s: {seen}"
+    );
+    let entry = seen["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["sandbox_id"] == id.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(entry["name"], "doomed", "{entry}");
+    let cause = entry["cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("killed by signal 9"), "{entry}");
+
+    let (code, body) = expect_err(
+        exec(&stack, &id, json!({"argv": ["echo", "hi"]})).await,
+        "exec on the dead sandbox",
+    );
+    assert_eq!(code, "S004", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("killed by signal 9")),
+        "S004 names the cause: {body}"
+    );
+    let removed =
+        sandbox_support::eventually(Duration::from_secs(10), || async { !layer.exists() }).await;
+    assert!(removed, "its layer is released");
+    // The other sandbox is untouched; `stop` on the dead one is fine and takes it off `list`.
+    let alive = exec_ok(&stack, &other, json!({"argv": ["echo", "ok"]})).await;
+    assert_eq!(alive["stdout"], "ok\n");
+    assert_eq!(stop(&stack, &id, true).await["stopped"], true);
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert!(
+        !list["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["sandbox_id"] == id.as_str()),
+        "{list}"
+    );
+    stop(&stack, &other, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_requests_are_s001_and_the_next_exec_works() {
+    if !bwrap_usable("oversized_requests_are_s001_and_the_next_exec_works") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({})).await;
+    let big = "x".repeat(2 * 1024 * 1024);
+    let cases = [
+        (
+            "exec",
+            json!({"sandbox_id": id, "argv": ["echo", big]}),
+            "argv",
+        ),
+        (
+            "exec",
+            json!({"sandbox_id": id, "argv": ["true"], "env": {"BIG": big}}),
+            "env",
+        ),
+        (
+            "fs::stat",
+            json!({"sandbox_id": id, "path": format!("/{big}")}),
+            "path",
+        ),
+    ];
+    for (function, payload, what) in cases {
+        let (code, body) = expect_err(stack.call(function, payload).await, what);
+        assert_eq!(code, "S001", "{what}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("limit of 1048576 bytes")),
+            "{what}: the limit is named: {body}"
+        );
+        let next = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
+        assert_eq!(next["stdout"], "ok\n", "after the {what}: {next}");
+    }
+    // Large data still fits where it is streamed: 2 MiB of stdin.
+    use base64::Engine as _;
+    let stdin = base64::engine::general_purpose::STANDARD.encode(big.as_bytes());
+    let counted = exec_ok(&stack, &id, json!({"argv": ["wc", "-c"], "stdin": stdin})).await;
+    assert_eq!(stdout(&counted).trim(), (2 * 1024 * 1024).to_string());
+    stop(&stack, &id, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_written_into_the_agents_descriptors_cannot_break_the_link() {
+    if !bwrap_usable("bytes_written_into_the_agents_descriptors_cannot_break_the_link") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({})).await;
+    let poison = sh("for f in 0 1 2 3 4 5 6 7 8 9 10 11 12; do \
+         printf 'garbage\\000\\377\\377\\377\\377 not a frame' > /proc/1/fd/$f; done; \
+         echo tried");
+    let tried = exec_ok(&stack, &id, poison).await;
+    println!("writing into /proc/1/fd/*: {tried}");
+    assert_eq!(stdout(&tried), "tried\n", "{tried}");
+    assert!(
+        tried["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("Permission denied")),
+        "the agent's descriptors are out of reach: {tried}"
+    );
+    for _ in 0..5 {
+        let next = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
+        assert_eq!(next["stdout"], "ok\n", "{next}");
+    }
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert!(
+        list["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["sandbox_id"] == id.as_str() && s["stopped"] == false),
+        "{list}"
+    );
+    stop(&stack, &id, true).await;
+}

@@ -58,11 +58,10 @@ fn begin<B: Backend>(
 
 /// One filesystem operation in `sandbox`'s agent.
 async fn on_agent(sandbox: &Sandbox, op: FsRequest) -> Result<FsResponse, SandboxError> {
-    sandbox
-        .agent
-        .fs(op)
-        .await
-        .map_err(|e| agent_failure(sandbox, e))
+    match sandbox.agent.fs(op).await {
+        Ok(response) => Ok(response),
+        Err(e) => Err(agent_failure(sandbox, e).await),
+    }
 }
 
 /// Paths name the guest's tree: absolute, without NUL (S210 otherwise).
