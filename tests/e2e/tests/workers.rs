@@ -823,3 +823,188 @@ async fn the_adapter_never_follows_links_planted_for_the_log() {
         "the replacement is logged"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_path_dot_worker_sees_no_compose_file_nor_composes_state_even_written_after_start() {
+    if !bwrap_usable(
+        "a_path_dot_worker_sees_no_compose_file_nor_composes_state_even_written_after_start",
+    ) {
+        return;
+    }
+    let project = Project::new();
+    let mut options = project.options(false);
+    options.env.push((
+        "III_COMPOSE_FILE".into(),
+        project
+            .path("project/custom-compose.yml")
+            .display()
+            .to_string(),
+    ));
+    let stack = Stack::start(json!({}), options).await;
+    // Written once the adapter serves: Compose's file under its real name, the one
+    // III_COMPOSE_FILE names, and Compose's state directory with the project's token.
+    std::fs::write(
+        project.path("project/worker-compose.yaml"),
+        "containers: {app: {worker: 'path://.'}}\n# late-compose-secret\n",
+    )
+    .unwrap();
+    std::fs::write(
+        project.path("project/custom-compose.yml"),
+        "late-custom-secret\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(project.path("project/.iii/run")).unwrap();
+    std::fs::write(project.path("project/.iii/token"), "late-state-secret\n").unwrap();
+
+    // host_path = the Compose dir (path://.).
+    prepare(&stack, "dot", &project.dir()).await;
+    let script = "echo \"ls: $(ls -a . | tr '\\n' ' ')\"; \
+        for f in worker-compose.yaml custom-compose.yml iii.yaml .iii/token; do \
+          cat \"$f\" 2>/dev/null && echo \"READ $f\" || echo \"NO $f\"; done; \
+        ls .iii 2>/dev/null && echo LS-STATE || echo NO-STATE; \
+        cat main.txt; echo DONE";
+    start_sh(&stack, "dot", script, json!({})).await;
+    let done = wait_state(&stack, "dot", "exited").await;
+    assert_eq!(done["exit_code"], 0, "{done}");
+    let log = log_of(&stack, "dot").await;
+    assert!(
+        log.contains("DONE") && log.contains("hello from the host"),
+        "{log}"
+    );
+    let listing = log
+        .lines()
+        .find(|l| l.starts_with("ls:"))
+        .unwrap_or_default();
+    for hidden in [
+        "worker-compose.yaml",
+        "custom-compose.yml",
+        "iii.yaml",
+        ".iii",
+    ] {
+        assert!(!listing.contains(hidden), "{hidden} listed: {log}");
+    }
+    assert!(
+        listing.contains("main.txt") && listing.contains("svc"),
+        "{log}"
+    );
+    for file in [
+        "worker-compose.yaml",
+        "custom-compose.yml",
+        "iii.yaml",
+        ".iii/token",
+    ] {
+        assert!(log.contains(&format!("NO {file}")), "{file}: {log}");
+    }
+    assert!(log.contains("NO-STATE"), "{log}");
+    for secret in [
+        "late-compose-secret",
+        "late-custom-secret",
+        "late-state-secret",
+        "compose-secret",
+    ] {
+        assert!(!log.contains(secret), "{secret} leaked: {log}");
+    }
+
+    // Compose's state directory is no host_path of its own.
+    let (code, message) = worker_err(
+        &stack,
+        "prepare",
+        json!({"vm_id": "state", "image": "python", "host_path": project.path("project/.iii/run")}),
+    )
+    .await;
+    assert_eq!(code, "S501", "{message}");
+    assert!(message.contains("no guest may see"), "{message}");
+
+    // bwrap runs no VM: the tuning is reported, and why none of it applies.
+    let tuning = &done["vm_tuning"];
+    assert_eq!(tuning["backend"], "bwrap", "{done}");
+    assert_eq!(tuning["requested"]["nofile_limit"], 65536, "{done}");
+    assert_eq!(tuning["applied"], json!({}), "{done}");
+    assert!(tuning["not_applied"]["nofile_limit"].is_string(), "{done}");
+}
+
+/// Copies the directory tree `from` into `to` (regular files and directories only).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_compose_file_declares_the_worker_vm_roots_and_the_tuning_is_read() {
+    if !bwrap_usable("the_compose_file_declares_the_worker_vm_roots_and_the_tuning_is_read") {
+        return;
+    }
+    // tests/fixtures/compose-project: project/worker-compose.yaml declares path://./app and
+    // path://../shared (manifests with runtime.base_image), path://./plain (none) and
+    // path://../bare (no manifest).
+    let base = e2e_tests::host_dir();
+    copy_tree(
+        &e2e_tests::repo_root().join("tests/fixtures/compose-project"),
+        base.path(),
+    );
+    let project = base.path().join("project");
+    let options = AdapterOptions {
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), project.display().to_string()),
+            ("III_VM_NESTED_VIRT".into(), "Yes".into()),
+            ("III_VM_VIRTIOFS_SHM_SIZE_MIB".into(), "128".into()),
+            ("III_VM_NOFILE_LIMIT".into(), "lots".into()),
+        ],
+        ..AdapterOptions::default()
+    };
+    let mut stack = Stack::start(json!({}), options.clone()).await;
+    // No III_COMPOSE_WORKER_DIRS: ../shared is admitted by the file alone.
+    prepare(&stack, "shared", &base.path().join("shared")).await;
+    prepare(&stack, "app", &project.join("app")).await;
+    prepare(&stack, "plain", &project.join("plain")).await;
+    let (code, message) = worker_err(
+        &stack,
+        "prepare",
+        json!({"vm_id": "bare", "image": "python", "host_path": base.path().join("bare")}),
+    )
+    .await;
+    assert_eq!(code, "S501", "{message}");
+    assert!(message.contains("outside the allowed roots"), "{message}");
+
+    let status = status(&stack, "shared").await;
+    let tuning = &status["vm_tuning"];
+    assert_eq!(tuning["requested"]["nested_virt"], true, "{status}");
+    assert_eq!(tuning["requested"]["hyperthreading"], false, "{status}");
+    assert_eq!(
+        tuning["requested"]["virtiofs_shm_size_mib"], 128,
+        "{status}"
+    );
+    // A bad value is ignored (the default stays) and the log says why.
+    assert_eq!(tuning["requested"]["nofile_limit"], 65536, "{status}");
+    let log = stack.adapter.log();
+    assert!(log.contains("III_VM_NOFILE_LIMIT"), "{log}");
+
+    // A Compose file that does not parse: logged with its reason, no declared root, and the
+    // adapter serves all the same.
+    std::fs::write(
+        project.join("worker-compose.yaml"),
+        "containers:\n  shared: {worker: 'path://../shared'\n",
+    )
+    .unwrap();
+    stack.adapter.terminate();
+    stack.restart_adapter(&options).await;
+    let log = stack.adapter.log();
+    assert!(log.contains("does not parse"), "{log}");
+    let (code, _) = worker_err(
+        &stack,
+        "prepare",
+        json!({"vm_id": "shared2", "image": "python", "host_path": base.path().join("shared")}),
+    )
+    .await;
+    assert_eq!(code, "S501");
+    prepare(&stack, "app2", &project.join("app")).await;
+}
