@@ -67,23 +67,24 @@ pub fn grep(root: &Path, query: &Query) -> Result<FsResponse, FsError> {
         truncated: false,
     };
     let line_bytes = query.max_line_bytes as usize;
-    let mut root_error = None;
-    walk::files(
-        root,
-        query.recursive,
-        &filter,
-        &mut |path| match search_file(path, &regex, line_bytes, &mut hits) {
-            Ok(flow) => flow,
-            Err(e) => {
-                if path == root {
-                    root_error = Some(os_error(path, e));
-                }
-                ControlFlow::Continue(())
+    match walk::start(root)? {
+        // A file named as the root: its errors are the call's.
+        walk::Start::File => {
+            let searched = File::open(root)
+                .and_then(|file| search_file(file, root, &regex, line_bytes, &mut hits));
+            if let Err(e) = searched {
+                return Err(os_error(root, e));
             }
-        },
-    )?;
-    if let Some(error) = root_error {
-        return Err(error);
+        }
+        // Files met while walking are opened from the directory holding them; those that
+        // cannot be read are skipped.
+        walk::Start::Dir(dir) => walk::files(&dir, root, query.recursive, &filter, &mut |found| {
+            let searched = found
+                .dir
+                .open_file(found.name)
+                .and_then(|file| search_file(file, found.path, &regex, line_bytes, &mut hits));
+            searched.unwrap_or(ControlFlow::Continue(()))
+        })?,
     }
     Ok(FsResponse::Matches {
         matches: hits.matches,
@@ -136,12 +137,15 @@ impl Patterns {
 }
 
 fn search_file(
+    mut file: File,
     path: &Path,
     patterns: &Patterns,
     line_bytes: usize,
     hits: &mut Hits,
 ) -> io::Result<ControlFlow<()>> {
-    let mut file = File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Ok(ControlFlow::Continue(())); // swapped for a FIFO or a device meanwhile
+    }
     let mut head = Vec::with_capacity(BINARY_PROBE);
     (&mut file)
         .take(BINARY_PROBE as u64)

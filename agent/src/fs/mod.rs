@@ -2,6 +2,7 @@
 //! its `/` is the sandbox's root and a path cannot name anything of the host. One file
 //! per group of SPEC `fs::*` rows; errors map to S210..S219 here.
 
+mod at;
 mod entry;
 mod file;
 mod grep;

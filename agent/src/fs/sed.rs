@@ -5,13 +5,17 @@
 //!
 //! Choices: named files (`files[]`) are taken as given, and a symbolic link among them is a
 //! per-file failure (rewriting it would replace the link by a file); a walk (`path`) skips
-//! links and binary files (NUL in the first 8 KiB) and does not report them. A rename makes
+//! links and binary files (NUL in the first 8 KiB) and does not report them. A walked file
+//! is read, and its temporary made and renamed, relative to its directory's descriptor,
+//! reached from the root's one `O_NOFOLLOW` step at a time: a directory swapped for a link
+//! between the walk and the rewrite fails that file and touches nothing outside `path`. A rename makes
 //! a new inode: hard links to the old file keep the old content. Extended attributes are not
 //! copied. Files over `SED_MAX_FILE_BYTES` are refused (the file is held in memory twice).
 
-use std::fs::{File, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,6 +23,7 @@ use agent_proto::fs::{SedFileResult, SedTarget, SED_MAX_FILES};
 use agent_proto::{FsError, FsErrorCode, FsResponse};
 use regex::bytes::Regex;
 
+use super::at::Dir;
 use super::grep::{is_binary, BINARY_PROBE};
 use super::pattern::{self, Filter};
 use super::walk;
@@ -53,17 +58,65 @@ pub struct Edit {
 }
 
 pub fn sed(target: &SedTarget, query: &Query) -> Result<FsResponse, FsError> {
+    sed_with(target, query, &mut || {})
+}
+
+/// One file to rewrite: named by the caller (its parent directory followed, the file itself
+/// never), or met by a walk (below the walk's root, every step opened `O_NOFOLLOW` from it).
+enum Place {
+    Named(PathBuf),
+    Walked(PathBuf),
+}
+
+/// [`sed`], with `between` run after the files are chosen and before any is rewritten (the
+/// tests' hook for a tree changed meanwhile).
+fn sed_with(
+    target: &SedTarget,
+    query: &Query,
+    between: &mut dyn FnMut(),
+) -> Result<FsResponse, FsError> {
     let edit = Edit::new(query)?;
-    let (files, walked) = match target {
-        SedTarget::Files(files) => (files.iter().map(PathBuf::from).collect(), false),
-        SedTarget::Tree(root) => (walk_files(Path::new(root), query)?, true),
+    let (places, tree, walked) = match target {
+        SedTarget::Files(files) => {
+            let places = files
+                .iter()
+                .map(|f| Place::Named(PathBuf::from(f)))
+                .collect();
+            (places, None, false)
+        }
+        SedTarget::Tree(root) => {
+            let root = Path::new(root);
+            match walk::start(root)? {
+                walk::Start::File => (vec![Place::Named(root.to_path_buf())], None, true),
+                walk::Start::Dir(dir) => {
+                    let places = walk_files(&dir, root, query)?;
+                    (places, Some((dir, root)), true)
+                }
+            }
+        }
     };
-    check_fits(&files)?;
-    let mut results = Vec::with_capacity(files.len());
+    let shown: Vec<PathBuf> = places
+        .iter()
+        .map(|place| match (place, &tree) {
+            (Place::Walked(rel), Some((_, root))) => root.join(rel),
+            (Place::Named(path) | Place::Walked(path), _) => path.clone(),
+        })
+        .collect();
+    check_fits(&shown)?;
+    between();
+    let mut results = Vec::with_capacity(places.len());
     let mut total = 0;
-    for path in files {
-        let shown = path.to_string_lossy().into_owned();
-        let result = match rewrite(&path, &edit, walked) {
+    // The directory of the previous walked file: files come grouped by directory.
+    let mut last_dir: Option<(PathBuf, Dir)> = None;
+    for (place, shown) in places.iter().zip(shown) {
+        let shown = shown.to_string_lossy().into_owned();
+        let outcome = match (place, &tree) {
+            (Place::Walked(rel), Some((root_dir, _))) => {
+                rewrite_walked(root_dir, rel, &mut last_dir, &edit)
+            }
+            (Place::Named(path) | Place::Walked(path), _) => rewrite_named(path, &edit, walked),
+        };
+        let result = match outcome {
             Ok(None) => continue, // a binary file met by a walk
             Ok(Some(replacements)) => {
                 total += replacements;
@@ -87,6 +140,42 @@ pub fn sed(target: &SedTarget, query: &Query) -> Result<FsResponse, FsError> {
         results,
         total_replacements: total,
     })
+}
+
+/// A file the caller named: its directory as the path says, the file itself not followed.
+fn rewrite_named(path: &Path, edit: &Edit, skip_binary: bool) -> Result<Option<u64>, String> {
+    if !path.is_absolute() {
+        return Err("expected an absolute path".into());
+    }
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err("not a regular file".into());
+    };
+    let dir = Dir::open(parent).map_err(|e| e.to_string())?;
+    rewrite(&dir, name, edit, skip_binary)
+}
+
+/// A file a walk met, `rel` below the walk's root: its directory is reached again from the
+/// root's descriptor, one `O_NOFOLLOW` step at a time, so a directory on the way swapped for
+/// a link since the walk fails this file instead of leading out of the tree.
+fn rewrite_walked(
+    root: &Dir,
+    rel: &Path,
+    last_dir: &mut Option<(PathBuf, Dir)>,
+    edit: &Edit,
+) -> Result<Option<u64>, String> {
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return Err("not a regular file".into());
+    };
+    if last_dir.as_ref().is_none_or(|(held, _)| held != parent) {
+        let dir = root
+            .resolve(parent)
+            .map_err(|e| format!("a directory on its way changed since the walk ({e})"))?;
+        *last_dir = Some((parent.to_path_buf(), dir));
+    }
+    let Some((_, dir)) = last_dir.as_ref() else {
+        return Err("not a regular file".into());
+    };
+    rewrite(dir, name, edit, true)
 }
 
 impl Edit {
@@ -126,12 +215,13 @@ impl Edit {
     }
 }
 
-/// The files a `path` walk finds; more than `SED_MAX_FILES` is refused before any change.
-fn walk_files(root: &Path, query: &Query) -> Result<Vec<PathBuf>, FsError> {
+/// The files a `path` walk finds, relative to its root; more than `SED_MAX_FILES` is refused
+/// before any change.
+fn walk_files(dir: &Dir, root: &Path, query: &Query) -> Result<Vec<Place>, FsError> {
     let filter = Filter::new(query.include_glob, query.exclude_glob)?;
     let mut files = Vec::new();
-    walk::files(root, query.recursive, &filter, &mut |path| {
-        files.push(path.to_path_buf());
+    walk::files(dir, root, query.recursive, &filter, &mut |found| {
+        files.push(Place::Walked(found.rel.to_path_buf()));
         if files.len() > SED_MAX_FILES {
             std::ops::ControlFlow::Break(())
         } else {
@@ -159,20 +249,13 @@ fn check_fits(files: &[PathBuf]) -> Result<(), FsError> {
     Ok(())
 }
 
-/// Rewrites one file: `Ok(Some(n))` replacements made (0: left untouched), `Ok(None)` a
-/// binary file skipped (only when `skip_binary`), `Err` the reason it failed.
-fn rewrite(path: &Path, edit: &Edit, skip_binary: bool) -> Result<Option<u64>, String> {
-    if !path.is_absolute() {
-        return Err("expected an absolute path".into());
-    }
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => "is a symbolic link: name its target".to_string(),
-            _ => e.to_string(),
-        })?;
+/// Rewrites the file `name` of `dir`: `Ok(Some(n))` replacements made (0: left untouched),
+/// `Ok(None)` a binary file skipped (only when `skip_binary`), `Err` the reason it failed.
+fn rewrite(dir: &Dir, name: &OsStr, edit: &Edit, skip_binary: bool) -> Result<Option<u64>, String> {
+    let mut file = dir.open_file(name).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => "is a symbolic link: name its target".to_string(),
+        _ => e.to_string(),
+    })?;
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -197,31 +280,50 @@ fn rewrite(path: &Path, edit: &Edit, skip_binary: bool) -> Result<Option<u64>, S
     let Some((edited, count)) = edit.apply(&data) else {
         return Ok(Some(0));
     };
-    replace_atomically(path, &edited, &meta).map_err(|e| e.to_string())?;
+    replace_atomically(dir, name, &edited, &meta).map_err(|e| e.to_string())?;
     Ok(Some(count))
 }
 
 /// Distinguishes temporary files of concurrent calls.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Writes `data` to a temporary file beside `path` with `meta`'s mode and owner, then renames
-/// it over `path`: readers see the old file or the new one, never a mix.
-fn replace_atomically(path: &Path, data: &[u8], meta: &std::fs::Metadata) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".sed-{}-{n}.tmp", std::process::id()));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&temp)?;
-    let written = fill(&mut file, data, meta);
-    let renamed = written.and_then(|()| std::fs::rename(&temp, path));
-    if renamed.is_err() {
-        let _ = std::fs::remove_file(&temp);
+/// A temporary file of `replace_atomically`, removed (from the directory it was made in)
+/// unless it was renamed into place: on every failure, and on a panic.
+struct Temp<'a> {
+    dir: &'a Dir,
+    name: OsString,
+    renamed: bool,
+}
+
+impl Drop for Temp<'_> {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = self.dir.unlink(&self.name);
+        }
     }
-    renamed
+}
+
+/// Writes `data` to a temporary file beside `name` in `dir` with `meta`'s mode and owner,
+/// then renames it over `name`: readers see the old file or the new one, never a mix. Both
+/// steps are relative to `dir`, so they happen in the directory the file was read from.
+fn replace_atomically(
+    dir: &Dir,
+    name: &OsStr,
+    data: &[u8],
+    meta: &std::fs::Metadata,
+) -> std::io::Result<()> {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut temp = Temp {
+        dir,
+        name: OsString::from(format!(".sed-{}-{n}.tmp", std::process::id())),
+        renamed: false,
+    };
+    let mut file = dir.create_new(&temp.name, 0o600)?;
+    fill(&mut file, data, meta)?;
+    drop(file);
+    dir.rename(&temp.name, name)?;
+    temp.renamed = true;
+    Ok(())
 }
 
 fn fill(file: &mut File, data: &[u8], meta: &std::fs::Metadata) -> std::io::Result<()> {
@@ -379,5 +481,74 @@ mod tests {
             sed(&missing, &query("a", "b")).unwrap_err().code,
             FsErrorCode::NotFound
         );
+    }
+
+    fn sed_files_under(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                found.extend(sed_files_under(&path));
+            } else if path.to_string_lossy().contains(".sed-") {
+                found.push(path);
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_after_the_walk_edits_nothing_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("x.txt"), "old").unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/x.txt"), "old").unwrap();
+        std::fs::write(root.join("a.txt"), "old").unwrap();
+        let target = SedTarget::Tree(root.to_string_lossy().into_owned());
+        let (rows, total) = results(
+            sed_with(&target, &query("old", "new"), &mut || {
+                std::fs::rename(root.join("sub"), root.join("moved")).unwrap();
+                std::os::unix::fs::symlink(outside.path(), root.join("sub")).unwrap();
+            })
+            .unwrap(),
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("x.txt")).unwrap(),
+            "old"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("moved/x.txt")).unwrap(),
+            "old"
+        );
+        assert_eq!(std::fs::read_to_string(root.join("a.txt")).unwrap(), "new");
+        assert_eq!(total, 1, "{rows:?}");
+        let failed: Vec<_> = rows.iter().filter(|r| !r.success).collect();
+        assert_eq!(failed.len(), 1, "{rows:?}");
+        assert!(failed[0].path.ends_with("sub/x.txt"), "{rows:?}");
+        assert!(
+            failed[0]
+                .error
+                .as_deref()
+                .unwrap_or("")
+                .contains("changed since the walk"),
+            "{rows:?}"
+        );
+        assert!(sed_files_under(root).is_empty());
+        assert!(sed_files_under(outside.path()).is_empty());
+    }
+
+    #[test]
+    fn the_temporary_is_removed_when_the_rename_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("taken")).unwrap();
+        std::fs::write(dir.path().join("taken/inside"), "x").unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let meta = std::fs::metadata(dir.path().join("f")).unwrap();
+        let opened = Dir::open(dir.path()).unwrap();
+        // Renaming a file over a non-empty directory fails after the temporary is written.
+        let failed = replace_atomically(&opened, OsStr::new("taken"), b"new", &meta);
+        assert!(failed.is_err());
+        assert!(sed_files_under(dir.path()).is_empty(), "no temporary left");
     }
 }

@@ -1,33 +1,36 @@
 //! The file walk of `fs::grep` / `fs::sed`: regular files under a root, in a stable order.
 //! Links found while walking are never followed (no loops, never out of the tree through a
-//! link); the root itself is followed, like `grep -r` treats its operand. Directories on a
+//! link, not even one swapped in for a directory mid-walk: each step is opened from the
+//! directory descriptor already held, `O_NOFOLLOW`); the root itself is followed, like
+//! `grep -r` treats its operand. Directories on a
 //! pseudo filesystem (proc, sysfs, ...) are skipped: their files can block or never end.
 //! Entries that vanish or cannot be read while walking are skipped, as `grep -rs` does.
 
-use std::ffi::CString;
+use std::ffi::OsStr;
 use std::ops::ControlFlow;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use agent_proto::{FsError, FsErrorCode};
 
+use super::at::{Dir, Kind};
 use super::pattern::Filter;
 use super::{fs_error, os_error};
 
-/// Calls `visit` with each regular file under `root`: `root` itself when it is a file (no
-/// filter applies to a file named explicitly), else each directory's files in name order,
-/// then its subdirectories (only its direct files unless `recursive`). `visit` may stop it.
-pub fn files(
-    root: &Path,
-    recursive: bool,
-    filter: &Filter,
-    visit: &mut dyn FnMut(&Path) -> ControlFlow<()>,
-) -> Result<(), FsError> {
+/// Where a walk starts.
+pub enum Start {
+    /// `root` is a regular file (through links: the caller named it).
+    File,
+    /// `root` is a directory, held open: everything below is resolved from this descriptor.
+    Dir(Dir),
+}
+
+/// What `root` is: a file, or a directory opened for the walk (links followed, as `grep -r`
+/// follows its operand).
+pub fn start(root: &Path) -> Result<Start, FsError> {
     let meta = std::fs::metadata(root).map_err(|e| os_error(root, e))?;
     if meta.is_file() {
-        let _ = visit(root);
-        return Ok(());
+        return Ok(Start::File);
     }
     if !meta.is_dir() {
         return Err(fs_error(
@@ -37,43 +40,100 @@ pub fn files(
         ));
     }
     // The root must be readable; below it, unreadable directories are skipped.
-    std::fs::read_dir(root).map_err(|e| os_error(root, e))?;
-    let mut pending = vec![(root.to_path_buf(), PathBuf::new(), meta.dev())];
-    while let Some((dir, relative, dev)) = pending.pop() {
-        let Ok(listing) = std::fs::read_dir(&dir) else {
+    Dir::open(root)
+        .map(Start::Dir)
+        .map_err(|e| os_error(root, e))
+}
+
+/// One regular file met by a walk, named relative to the directory that holds it.
+pub struct Found<'a> {
+    /// The root joined with `rel`, as replies show it.
+    pub path: &'a Path,
+    /// The path below the root.
+    pub rel: &'a Path,
+    /// The directory holding the file, as the walk opened it.
+    pub dir: &'a Dir,
+    pub name: &'a OsStr,
+}
+
+/// A directory still to walk: a name inside a directory already open.
+struct Pending {
+    parent: Rc<Dir>,
+    name: std::ffi::OsString,
+    rel: PathBuf,
+    parent_dev: u64,
+}
+
+/// Calls `visit` with each regular file under the directory `root_dir` (opened from `root`
+/// by [`start`]): each directory's files in name order, then its subdirectories (only its
+/// direct files unless `recursive`). Each subdirectory is opened from its parent's
+/// descriptor with `O_NOFOLLOW`: one swapped for a link meanwhile is skipped, never entered.
+/// `visit` may stop the walk.
+pub fn files(
+    root_dir: &Dir,
+    root: &Path,
+    recursive: bool,
+    filter: &Filter,
+    visit: &mut dyn FnMut(&Found) -> ControlFlow<()>,
+) -> Result<(), FsError> {
+    let first = root_dir.try_clone().map_err(|e| os_error(root, e))?;
+    let root_dev = first.dev().unwrap_or(0);
+    let mut next = Some((Rc::new(first), PathBuf::new(), root_dev));
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        let (dir, relative, dev) = match next.take() {
+            Some(start) => start,
+            None => {
+                let Some(sub) = pending.pop() else {
+                    return Ok(());
+                };
+                let Ok(dir) = sub.parent.sub(&sub.name) else {
+                    continue; // vanished, unreadable, or no longer a directory
+                };
+                let dev = dir.dev().unwrap_or(sub.parent_dev);
+                if dev != sub.parent_dev && is_pseudo_fs(&dir) {
+                    continue;
+                }
+                (Rc::new(dir), sub.rel, dev)
+            }
+        };
+        let Ok(mut entries) = dir.entries() else {
             continue;
         };
-        let mut entries: Vec<_> = listing.filter_map(Result::ok).collect();
-        entries.sort_by_key(|e| e.file_name());
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
         let mut subdirs = Vec::new();
         for entry in entries {
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            let path = entry.path();
-            let rel = relative.join(entry.file_name());
-            if kind.is_file() {
-                if filter.keeps_file(&rel) && visit(&path).is_break() {
-                    return Ok(());
+            let rel = relative.join(&entry.name);
+            match entry.kind {
+                Kind::File if filter.keeps_file(&rel) => {
+                    let path = root.join(&rel);
+                    let found = Found {
+                        path: &path,
+                        rel: &rel,
+                        dir: &dir,
+                        name: &entry.name,
+                    };
+                    if visit(&found).is_break() {
+                        return Ok(());
+                    }
                 }
-            } else if kind.is_dir() && recursive && filter.enters_dir(&rel) {
-                let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                    continue;
-                };
-                if meta.dev() == dev || !is_pseudo_fs(&path) {
-                    subdirs.push((path, rel, meta.dev()));
-                }
+                Kind::Dir if recursive && filter.enters_dir(&rel) => subdirs.push(Pending {
+                    parent: Rc::clone(&dir),
+                    name: entry.name,
+                    rel,
+                    parent_dev: dev,
+                }),
+                // Links, sockets, FIFOs and devices are never read.
+                _ => {}
             }
-            // Links, sockets, FIFOs and devices are never read.
         }
         pending.extend(subdirs.into_iter().rev());
     }
-    Ok(())
 }
 
 /// Kernel filesystems whose files are not data: reading them can block (/proc/kmsg) or be
 /// endless. Checked only where the walk crosses onto another device.
-fn is_pseudo_fs(path: &Path) -> bool {
+fn is_pseudo_fs(dir: &Dir) -> bool {
     const PSEUDO: &[i64] = &[
         0x9fa0,      // proc
         0x6265_6572, // sysfs
@@ -86,18 +146,8 @@ fn is_pseudo_fs(path: &Path) -> bool {
         0x6e73_6673, // nsfs
         0xcafe_4a11, // bpf
     ];
-    let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
-        return true;
-    };
-    // SAFETY: statfs is plain old data; all-zero bytes are a valid value.
-    let mut info: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a NUL-terminated string and `info` a valid, writable statfs that
-    // outlives the call.
-    if unsafe { libc::statfs(c_path.as_ptr(), &mut info) } != 0 {
-        return true; // cannot tell: stay out
-    }
-    #[allow(clippy::unnecessary_cast)] // f_type's integer type differs between targets
-    PSEUDO.contains(&(info.f_type as i64))
+    // Cannot tell: stay out.
+    dir.fs_type().map_or(true, |kind| PSEUDO.contains(&kind))
 }
 
 #[cfg(test)]
@@ -106,12 +156,28 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn walk(root: &Path, recursive: bool, include: &[&str], exclude: &[&str]) -> Vec<String> {
+        walk_with(root, recursive, include, exclude, &mut |_| {})
+    }
+
+    /// A walk whose `hook` runs at each file, before the walk goes on.
+    fn walk_with(
+        root: &Path,
+        recursive: bool,
+        include: &[&str],
+        exclude: &[&str],
+        hook: &mut dyn FnMut(&Path),
+    ) -> Vec<String> {
         let owned = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let filter = Filter::new(&owned(include), &owned(exclude)).unwrap();
+        let Start::Dir(dir) = start(root).unwrap() else {
+            return vec![String::new()]; // a file: the walk is that file
+        };
         let mut seen = Vec::new();
-        files(root, recursive, &filter, &mut |p| {
-            let shown = p.strip_prefix(root).unwrap_or(p);
+        files(&dir, root, recursive, &filter, &mut |found| {
+            let shown = found.path.strip_prefix(root).unwrap_or(found.path);
+            assert_eq!(shown, found.rel);
             seen.push(shown.to_string_lossy().into_owned());
+            hook(found.path);
             ControlFlow::Continue(())
         })
         .unwrap();
@@ -149,6 +215,29 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_swapped_for_a_link_mid_walk_is_never_entered() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "x").unwrap();
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), "x").unwrap();
+        std::fs::write(root.join("sub/inside.txt"), "x").unwrap();
+        // Listed as a directory, then swapped for a link out of the tree before the walk
+        // descends into it (files come first, so the hook runs at `a.txt`).
+        let mut swapped = false;
+        let seen = walk_with(root, true, &[], &[], &mut |path| {
+            if !swapped && path.ends_with("a.txt") {
+                std::fs::rename(root.join("sub"), root.join("moved")).unwrap();
+                symlink(outside.path(), root.join("sub")).unwrap();
+                swapped = true;
+            }
+        });
+        assert!(swapped);
+        assert_eq!(seen, ["a.txt"], "nothing through the swapped-in link");
+    }
+
+    #[test]
     fn visit_can_stop_and_errors_name_the_root() {
         let dir = tempfile::tempdir().unwrap();
         for f in ["a", "b", "c"] {
@@ -156,25 +245,25 @@ mod tests {
         }
         let filter = Filter::new(&[], &[]).unwrap();
         let mut count = 0;
-        files(dir.path(), true, &filter, &mut |_| {
+        let Start::Dir(opened) = start(dir.path()).unwrap() else {
+            panic!("a directory")
+        };
+        files(&opened, dir.path(), true, &filter, &mut |_| {
             count += 1;
             ControlFlow::Break(())
         })
         .unwrap();
         assert_eq!(count, 1);
-        let missing = files(&dir.path().join("nope"), true, &filter, &mut |_| {
-            ControlFlow::Continue(())
-        });
-        assert_eq!(missing.unwrap_err().code, FsErrorCode::NotFound);
-        let fifo = files(Path::new("/dev/null"), true, &filter, &mut |_| {
-            ControlFlow::Continue(())
-        });
-        assert_eq!(fifo.unwrap_err().code, FsErrorCode::WrongType);
+        let missing = start(&dir.path().join("nope"));
+        assert_eq!(missing.err().unwrap().code, FsErrorCode::NotFound);
+        let fifo = start(Path::new("/dev/null"));
+        assert_eq!(fifo.err().unwrap().code, FsErrorCode::WrongType);
+        assert!(matches!(start(&dir.path().join("a")), Ok(Start::File)));
     }
 
     #[test]
     fn proc_is_a_pseudo_filesystem_and_tmp_is_not() {
-        assert!(is_pseudo_fs(Path::new("/proc")));
-        assert!(!is_pseudo_fs(&std::env::temp_dir()));
+        assert!(is_pseudo_fs(&Dir::open(Path::new("/proc")).unwrap()));
+        assert!(!is_pseudo_fs(&Dir::open(&std::env::temp_dir()).unwrap()));
     }
 }
