@@ -187,10 +187,17 @@ impl HostRoots {
             .packages
             .as_ref()
             .is_some_and(|p| resolved.starts_with(p));
+        // A hidden directory holding a root of its own (a state directory set above the
+        // Compose directory) would refuse that whole root: it only hides what is below it.
+        let holds_a_root = |h: &PathBuf| {
+            self.roots
+                .iter()
+                .any(|r| Some(r) != self.packages.as_ref() && r.starts_with(h))
+        };
         if let Some(hidden) = self
             .hidden()
             .into_iter()
-            .find(|h| resolved.starts_with(h) && !in_packages)
+            .find(|h| resolved.starts_with(h) && !in_packages && !holds_a_root(h))
         {
             return Err(SandboxError::HostPathOutside(format!(
                 "host_path {host_path:?} (resolved to {}) lies in {}, which no guest may see; \
@@ -457,6 +464,17 @@ mod tests {
         assert!(roots
             .check(compose.join(".iii/packages/p1").to_str().unwrap())
             .is_ok());
+        assert!(roots.check(compose.to_str().unwrap()).is_ok());
+
+        // A state directory above the Compose directory does not refuse the project.
+        let roots = HostRoots::new(RootSources {
+            compose_dir: Some(compose.clone()),
+            compose_state_dir: Some(base.path().to_path_buf()),
+            ..RootSources::default()
+        });
+        assert!(roots
+            .check(compose.join(".iii/run").to_str().unwrap())
+            .is_err());
         assert!(roots.check(compose.to_str().unwrap()).is_ok());
     }
 }
