@@ -11,10 +11,20 @@ need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v file >/dev/null || need+=(file)
 command -v unshare >/dev/null || need+=(util-linux)
+# Sandbox egress (network: true): pasta, the policy's nftables; the tests' namespaces: ip.
+command -v pasta >/dev/null || need+=(passt)
+command -v nft >/dev/null || need+=(nftables)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[install-deps] installing ${need[*]} (bookworm)"
   apt-get update -qq
   apt-get install -y -qq -t bookworm --no-install-recommends "${need[@]}" >/dev/null
+fi
+# pasta opens /dev/net/tun as the adapter's user: Debian's udev rule makes it 0666; a host
+# without that rule (a container, a minimal VM) has it root-only.
+if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+  echo "[install-deps] /dev/net/tun -> 0666 (Debian's default; pasta needs it)"
+  chmod 0666 /dev/net/tun
 fi
 # Test images and the local registry (docker-registry, skopeo, umoci, busybox-static, ...).
 bash "$here/tests/fixtures/install.sh"

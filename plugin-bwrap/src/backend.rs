@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::cgroup;
 use crate::launch::LaunchCommand;
+use crate::network::NetworkSetup;
 use crate::pool::LauncherPool;
 use crate::userns::IdMap;
 
@@ -23,6 +24,8 @@ pub const LAUNCHER_ENV: &str = "SANDBOX_BWRAP_LAUNCH";
 const LAUNCHER: &str = "sandbox-bwrap-launch";
 /// Names, in each sandbox's layer, the cgroup the sandbox got from its launcher.
 const GROUP_FILE: &str = "cgroup";
+/// The sandbox's `/etc/resolv.conf` (egress on), in its layer.
+const RESOLV_FILE: &str = "resolv.conf";
 
 pub struct BwrapBackend {
     bwrap: Option<PathBuf>,
@@ -31,6 +34,11 @@ pub struct BwrapBackend {
     id_map: IdMap,
     /// The limits a sandbox's cgroup can hold on this host, probed once at start.
     limits_in_force: Vec<&'static str>,
+    /// Egress (`network: true`) needs both; without them such a create is S300.
+    pasta: Option<PathBuf>,
+    nft: Option<PathBuf>,
+    /// The host's own addresses, denied to every sandbox.
+    host_addrs: Vec<std::net::IpAddr>,
 }
 
 impl BwrapBackend {
@@ -53,11 +61,64 @@ impl BwrapBackend {
         }
         Self {
             limits_in_force,
+            pasta: find_in_path("pasta"),
+            nft: find_in_path("nft"),
+            host_addrs: crate::network::host_addresses(),
             bwrap: find_in_path("bwrap"),
             pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
             id_map,
         }
+    }
+}
+
+impl BwrapBackend {
+    /// Why `network: true` cannot be served here, if it cannot.
+    fn egress_unavailable(&self) -> Option<&'static str> {
+        if self.pasta.is_none() {
+            Some("`pasta` is not installed (Debian package `passt`)")
+        } else if self.nft.is_none() {
+            Some("`nft` is not installed (Debian package `nftables`)")
+        } else if std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .is_err()
+        {
+            Some("pasta cannot open /dev/net/tun as the adapter's user (Debian's default mode is 0666)")
+        } else {
+            None
+        }
+    }
+
+    /// The launcher's network instructions for `spec`, and the resolver file it binds.
+    fn network_setup(&self, spec: &BootSpec) -> Result<NetworkSetup, SandboxError> {
+        if let Some(why) = self.egress_unavailable() {
+            return Err(SandboxError::BootFailed(format!(
+                "network egress needs the egress policy and {why}; a sandbox never falls back to the host's network"
+            )));
+        }
+        std::fs::write(
+            spec.layer_dir.join(RESOLV_FILE),
+            format!("nameserver {}\n", crate::network::DNS_FORWARD),
+        )
+        .map_err(|e| {
+            SandboxError::BootFailed(format!("cannot write the sandbox's resolver file: {e}"))
+        })?;
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        Ok(NetworkSetup::new(
+            path(&self.nft),
+            path(&self.pasta),
+            &spec.egress,
+            &self.host_addrs,
+            self.id_map
+                .needs_idmapped_mounts()
+                .then_some((self.id_map.uid_base, self.id_map.gid_base)),
+        ))
     }
 }
 
@@ -127,6 +188,11 @@ impl Backend for BwrapBackend {
             tracing::debug!(sandbox_id = %spec.sandbox_id, "no writable cgroup hierarchy: cpus and memory are not enforced");
         }
         let path = |p: &Path| p.display().to_string();
+        let network = if spec.network {
+            Some(self.network_setup(spec)?)
+        } else {
+            None
+        };
         let command = LaunchCommand {
             lower: path(&spec.image_root),
             layer: path(&spec.layer_dir),
@@ -136,6 +202,7 @@ impl Backend for BwrapBackend {
             log: path(&spec.layer_dir.join("sandbox.log")),
             bwrap: path(bwrap),
             args: bwrap_args(spec, &merged),
+            network,
         };
         let message = command
             .encode()
@@ -165,6 +232,7 @@ impl Backend for BwrapBackend {
     }
 
     fn isolation(&self) -> serde_json::Value {
+        let egress_unavailable = self.egress_unavailable();
         serde_json::json!({
             "user_namespace": self.id_map.describe(),
             "host_root_in_sandbox": false,
@@ -173,6 +241,14 @@ impl Backend for BwrapBackend {
             "seccomp": true,
             "read_only": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "read-only binds (a worker's /worker, the agent)"],
             "limits_in_force": self.limits_in_force,
+            "network": {
+                "namespace": "always the sandbox's own (network: false: loopback only)",
+                "egress": egress_unavailable.map_or_else(
+                    || "pasta with the egress policy (nftables in the sandbox's namespace)".to_string(),
+                    |why| format!("unavailable: {why}"),
+                ),
+                "features": if egress_unavailable.is_none() { vec!["network-policy"] } else { vec![] },
+            },
         })
     }
 
@@ -193,7 +269,6 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
     let mut args: Vec<String> = [
         "--unshare-ipc",
         "--unshare-pid",
-        "--unshare-net",
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--die-with-parent",
@@ -202,8 +277,10 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    if spec.network {
-        args.push("--share-net".into());
+    // Egress on: the launcher has made the sandbox's network namespace (pasta, policy);
+    // off: one of bwrap's with loopback only. Never the host's.
+    if !spec.network {
+        args.push("--unshare-net".into());
     }
     let path = |p: &Path| p.display().to_string();
     args.extend([
@@ -220,6 +297,13 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         path(&spec.agent_path),
         AGENT_IN_SANDBOX.into(),
     ]);
+    if spec.network {
+        args.extend([
+            "--ro-bind".into(),
+            path(&spec.layer_dir.join(RESOLV_FILE)),
+            "/etc/resolv.conf".into(),
+        ]);
+    }
     args.extend(mount_args(&spec.mounts));
     args.extend([
         "--hostname".into(),

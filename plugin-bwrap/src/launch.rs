@@ -30,6 +30,8 @@ pub struct LaunchCommand {
     /// bwrap's path and arguments; it runs with an empty environment.
     pub bwrap: String,
     pub args: Vec<String>,
+    /// Egress (`network: true`): the launcher makes the sandbox's network namespace itself.
+    pub network: Option<crate::network::NetworkSetup>,
 }
 
 impl LaunchCommand {
@@ -104,6 +106,7 @@ mod tests {
             log: "/state/s/sandbox.log".into(),
             bwrap: "/usr/bin/bwrap".into(),
             args: vec!["--unshare-all".into(), "a b \"c\"".into()],
+            network: None,
         }
     }
 

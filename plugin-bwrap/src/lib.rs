@@ -10,6 +10,8 @@
 mod backend;
 mod cgroup;
 pub mod launch;
+pub mod netns;
+pub mod network;
 mod pool;
 pub mod userns;
 

@@ -127,7 +127,9 @@ fn subordinate_range(text: &str, user: &str) -> Option<u32> {
 
 /// Makes a user namespace with `map` and returns a handle on it. The namespace is made by a
 /// short-lived child (a process cannot write its own full map), and outlives it through the
-/// returned descriptor. Call only while single-threaded (it forks).
+/// returned descriptor. A root adapter's child first becomes the sandbox's root host id, so
+/// that id owns the namespace: pasta, running as it, may then join (see `netns.rs`). Call only
+/// while single-threaded (it forks).
 pub fn create(map: IdMap) -> io::Result<OwnedFd> {
     let (ready_read, ready_write) = nix::unistd::pipe()?;
     let (release_read, release_write) = nix::unistd::pipe()?;
@@ -137,7 +139,8 @@ pub fn create(map: IdMap) -> io::Result<OwnedFd> {
         ForkResult::Child => {
             drop(ready_read);
             drop(release_write);
-            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let owner_ok = !map.needs_idmapped_mounts() || become_owner(map).is_ok();
+            let ok = owner_ok && unshare(CloneFlags::CLONE_NEWUSER).is_ok();
             let mut ready = File::from(ready_write);
             let _ = ready.write_all(if ok { b"y" } else { b"n" });
             drop(ready);
@@ -165,6 +168,14 @@ pub fn create(map: IdMap) -> io::Result<OwnedFd> {
             result
         }
     }
+}
+
+/// The host ids the namespace's root will have (a root adapter's child only).
+fn become_owner(map: IdMap) -> nix::Result<()> {
+    let (uid, gid) = (Uid::from_raw(map.uid_base), Gid::from_raw(map.gid_base));
+    setgroups(&[])?;
+    setresgid(gid, gid, gid)?;
+    setresuid(uid, uid, uid)
 }
 
 fn write_maps(pid: i32, map: IdMap) -> io::Result<()> {

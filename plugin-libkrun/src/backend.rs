@@ -164,6 +164,7 @@ impl Backend for LibkrunBackend {
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
         refuse_worker_spec(spec)?;
+        refuse_egress(spec)?;
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
         self.boot_vm(spec)
@@ -181,6 +182,18 @@ fn refuse_worker_spec(spec: &BootSpec) -> Result<(), SandboxError> {
     }
     Err(SandboxError::BootFailed(
         "worker VMs are not served by the libkrun plugin yet (use the bwrap plugin)".into(),
+    ))
+}
+
+/// libkrun's TSI maps a guest's `connect()` onto the host's own sockets, the host's loopback
+/// (and so the engine) included; until egress goes through passt with the policy, a create
+/// asking for network is refused rather than given the host's network.
+fn refuse_egress(spec: &BootSpec) -> Result<(), SandboxError> {
+    if !spec.network {
+        return Ok(());
+    }
+    Err(SandboxError::BootFailed(
+        "network egress is not served by the libkrun plugin yet: its TSI networking would reach the host's loopback and the engine, and no egress policy can judge it; create without `network` (or use the bwrap plugin)".into(),
     ))
 }
 

@@ -81,6 +81,7 @@ pub(crate) fn test_boot_spec(dir: &std::path::Path) -> BootSpec {
         cpus: 1,
         memory_mb: 256,
         network: false,
+        egress: Default::default(),
         agent_path: agent,
         mounts: Vec::new(),
         persistent_layer: false,
@@ -97,6 +98,7 @@ mod tests {
             cpus,
             memory_mb,
             network: true,
+            egress: Default::default(),
             ..test_boot_spec(dir)
         };
         let layout = Layout::new(&spec.layer_dir);

@@ -27,7 +27,10 @@ pub struct BootSpec {
     pub layer_dir: PathBuf,
     pub cpus: u32,
     pub memory_mb: u32,
+    /// Egress on (user-mode networking under `egress`); off: loopback only. Either way the
+    /// sandbox has a network namespace of its own.
     pub network: bool,
+    pub egress: crate::network::Egress,
     /// The static agent binary to run as PID 1 inside.
     pub agent_path: PathBuf,
     /// Extra mounts over the root, applied in order (a worker VM's `/worker`, `/state`, ...).

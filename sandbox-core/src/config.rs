@@ -56,6 +56,8 @@ pub struct Config {
     /// Ceiling on any create's `memory_mb`, whatever `per_image_caps` says (default: half the
     /// host's memory, and never below `default_memory_mb`).
     pub max_memory_mb: u32,
+    /// The egress policy of sandboxes with `network: true` (`network_allow`, `network_deny`).
+    pub egress: crate::network::Egress,
 }
 
 /// `max_pids_per_sandbox` when the configuration names none.
@@ -83,6 +85,7 @@ impl Default for Config {
             max_pids_per_sandbox: DEFAULT_MAX_PIDS_PER_SANDBOX,
             max_cpus: host_cpus().max(1),
             max_memory_mb: (host_memory_mb() / 2).max(512),
+            egress: crate::network::Egress::default(),
         }
     }
 }
@@ -134,6 +137,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "max_pids_per_sandbox",
     "max_cpus",
     "max_memory_mb",
+    "network_allow",
+    "network_deny",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -211,6 +216,19 @@ impl Config {
         config.max_memory_mb = config.max_memory_mb.max(config.default_memory_mb);
         keys.read("max_cpus", &mut config.max_cpus)?;
         keys.read("max_memory_mb", &mut config.max_memory_mb)?;
+        for (key, list) in [
+            ("network_allow", &mut config.egress.allow),
+            ("network_deny", &mut config.egress.deny),
+        ] {
+            if let Some(value) = object.get(key) {
+                *list = crate::network::parse_list(key, value).map_err(|reason| {
+                    ConfigError::WrongType {
+                        key: key.into(),
+                        reason,
+                    }
+                })?;
+            }
+        }
 
         if let Some(name) = config
             .custom_images

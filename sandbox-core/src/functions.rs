@@ -117,7 +117,17 @@ fn create_request() -> Value {
             "cpus": {"type": "integer", "minimum": 1},
             "memory_mb": {"type": "integer", "minimum": 16},
             "name": {"type": "string", "maxLength": 128},
-            "network": {"type": "boolean", "default": false},
+            "network": {
+                "description": "false: loopback only; true: egress under the configured policy; an object narrows that policy for this sandbox",
+                "default": false,
+                "oneOf": [
+                    {"type": "boolean"},
+                    {"type": "object", "additionalProperties": false, "properties": {
+                        "allow": {"type": "array", "items": {"type": "string"}},
+                        "deny": {"type": "array", "items": {"type": "string"}}
+                    }}
+                ]
+            },
             "idle_timeout_secs": {"type": "integer", "minimum": 1},
             "env": env_schema(),
         }),

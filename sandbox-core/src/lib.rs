@@ -29,6 +29,7 @@ pub mod error;
 pub mod functions;
 mod images;
 mod layer;
+pub mod network;
 pub mod ops;
 pub mod plugin;
 mod reaper;

@@ -23,12 +23,14 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::unistd::{dup2, getppid, Pid};
 use plugin_bwrap::launch::LaunchCommand;
+use plugin_bwrap::netns::{self, PastaStarter};
 use plugin_bwrap::userns::{self, IdMap};
 
 /// What `prepare` leaves for `launch`.
 struct Prepared {
     map: IdMap,
     userns: OwnedFd,
+    pasta: PastaStarter,
 }
 
 fn main() -> ExitCode {
@@ -82,12 +84,14 @@ fn prepare(args: Vec<String>) -> Result<Prepared, String> {
         // adapter has already logged whether limits are enforced on this host).
         let _ = std::fs::write(&procs, "0");
     }
+    // Before the sandbox's namespaces: pasta runs with the host's network and ids.
+    let pasta = PastaStarter::fork().map_err(|e| format!("cannot fork pasta's starter: {e}"))?;
     let userns = userns::create(map).map_err(|e| e.to_string())?;
     if !map.needs_idmapped_mounts() {
         userns::enter(&userns, map).map_err(|e| e.to_string())?;
     }
     private_mount_namespace()?;
-    Ok(Prepared { map, userns })
+    Ok(Prepared { map, userns, pasta })
 }
 
 fn private_mount_namespace() -> Result<(), String> {
@@ -114,7 +118,7 @@ fn into_log(log: &str) -> std::io::Result<()> {
 /// Mounts the overlay root, enters the sandbox's user namespace and execs bwrap; returns
 /// only on failure.
 fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::Infallible, String> {
-    let Prepared { map, userns } = prepared;
+    let Prepared { map, userns, pasta } = prepared;
     let (command, args) = if map.needs_idmapped_mounts() {
         let staged = stage_idmapped(command, &userns).map_err(|e| e.to_string())?;
         userns::enter(&userns, map).map_err(|e| e.to_string())?;
@@ -135,6 +139,11 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
         Some(options.as_str()),
     )
     .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+    if let Some(network) = &command.network {
+        netns::connect(pasta, network, &command.log)?;
+    } else {
+        drop(pasta);
+    }
     let _ = std::env::set_current_dir("/");
     let _ = std::io::stderr().flush();
     let error = Command::new(&command.bwrap).args(&args).env_clear().exec();

@@ -25,7 +25,7 @@ struct CreateRequest {
     memory_mb: Option<u32>,
     name: Option<String>,
     #[serde(default)]
-    network: bool,
+    network: Value,
     idle_timeout_secs: Option<u64>,
     env: Option<Value>,
 }
@@ -38,6 +38,8 @@ pub struct CreateOptions {
     pub memory_mb: Option<u32>,
     pub name: Option<String>,
     pub network: bool,
+    /// A create's `network` object, narrowing the configured egress policy.
+    pub network_policy: Option<Value>,
     pub idle_timeout_secs: Option<u64>,
     pub env: Vec<(String, String)>,
 }
@@ -47,13 +49,24 @@ pub async fn create<B: Backend>(
     payload: Value,
 ) -> Result<Value, SandboxError> {
     let request: CreateRequest = parse(payload)?;
+    let (network, network_policy) = match request.network {
+        Value::Null => (false, None),
+        Value::Bool(on) => (on, None),
+        policy @ Value::Object(_) => (true, Some(policy)),
+        other => {
+            return Err(SandboxError::InvalidRequest(format!(
+                "`network` must be true, false or an object {{allow?, deny?}}, got {other}"
+            )))
+        }
+    };
     let options = CreateOptions {
+        network_policy,
         env: env_pairs(request.env)?,
         image: request.image,
         cpus: request.cpus,
         memory_mb: request.memory_mb,
         name: request.name,
-        network: request.network,
+        network,
         idle_timeout_secs: request.idle_timeout_secs,
     };
     let sandbox = create_sandbox(plugin, options).await?;
@@ -76,6 +89,13 @@ pub async fn create_sandbox<B: Backend>(
         .check_allowed(&options.image)
         .map_err(images::error)?;
     check_host_can_boot(plugin)?;
+    let egress = match &options.network_policy {
+        Some(policy) => config
+            .egress
+            .narrowed(policy)
+            .map_err(SandboxError::InvalidRequest)?,
+        None => config.egress.clone(),
+    };
 
     let reservation = plugin.registry.reserve()?;
     let mut phases = Phases::start();
@@ -97,6 +117,7 @@ pub async fn create_sandbox<B: Backend>(
         cpus,
         memory_mb,
         network: options.network,
+        egress,
         agent_path: plugin.agent_path.clone(),
         mounts: Vec::new(),
         persistent_layer: false,

@@ -196,14 +196,23 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
         "the image cache was written: {in_cache:?}"
     );
 
-    // cpus, memory and network reach the VM: two vCPUs, at most the asked memory, and the
-    // agent still dials back with libkrun's networking (TSI) switched on.
-    let sized = create(
-        &stack,
-        "python",
-        json!({"cpus": 2, "memory_mb": 320, "network": true}),
-    )
-    .await;
+    // Network egress is refused (S300, no VM booted): libkrun's TSI would reach the host's
+    // loopback, and no egress policy judges it yet.
+    let refused = stack
+        .call("create", json!({"image": "python", "network": true}))
+        .await;
+    let (code, body) = sandbox_support::expect_err(refused, "libkrun create with network");
+    assert_eq!(code, "S300", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("loopback"),
+        "{body}"
+    );
+
+    // cpus and memory reach the VM: two vCPUs, at most the asked memory.
+    let sized = create(&stack, "python", json!({"cpus": 2, "memory_mb": 320})).await;
     let shape = exec_ok(
         &stack,
         &sized,

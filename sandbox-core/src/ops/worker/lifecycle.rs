@@ -135,6 +135,10 @@ async fn boot<B: Backend>(
         cpus,
         memory_mb,
         network: true,
+        egress: crate::network::Egress {
+            bus: crate::network::bus_address(&workers.engine_url),
+            ..plugin.config.egress.clone()
+        },
         agent_path: plugin.agent_path.clone(),
         mounts,
         persistent_layer: true,

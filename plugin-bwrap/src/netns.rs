@@ -1,0 +1,233 @@
+//! The launcher's side of a sandbox's egress (see `network.rs`): a new network namespace,
+//! its loopback up, the policy loaded, and pasta attached to it from the host's namespace.
+//! Runs in the launcher only, single-threaded.
+
+// Bringing an interface up is an ioctl nix does not wrap.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::Signal;
+use nix::sys::socket::{recvmsg, sendmsg, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{dup2, fork, ForkResult, Pid};
+
+use crate::network::NetworkSetup;
+
+/// How long pasta gets to configure the namespace.
+const PASTA_READY: Duration = Duration::from_secs(10);
+/// Upper bound of pasta's command line as sent to its starter.
+const MAX_ARGV: usize = 64 * 1024;
+
+/// A child forked before the sandbox's namespaces exist, waiting to become pasta: pasta's
+/// sockets must be the host's and its ids the host's (it joins the sandbox's user and network
+/// namespaces by pid, as their owner). Dropped unused, it exits.
+pub struct PastaStarter {
+    socket: OwnedFd,
+    pid: Pid,
+}
+
+impl PastaStarter {
+    /// Call while single-threaded (it forks).
+    pub fn fork() -> io::Result<PastaStarter> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        // SAFETY: the launcher is single-threaded; the child only rearranges its own
+        // descriptors, reads one message and execs (or exits).
+        match unsafe { fork() }? {
+            ForkResult::Child => {
+                drop(ours);
+                let error = become_pasta(theirs);
+                eprintln!("sandbox-bwrap-launch: pasta: {error}");
+                // SAFETY: _exit ends the forked child without the parent's destructors.
+                unsafe { libc::_exit(1) }
+            }
+            ForkResult::Parent { child } => Ok(PastaStarter {
+                socket: ours,
+                pid: child,
+            }),
+        }
+    }
+}
+
+/// Moves the caller (the launcher, inside the sandbox's user namespace) into a new network
+/// namespace with `setup`'s policy loaded and pasta attached; returns once the namespace has
+/// its default route. Failures name their cause.
+pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result<(), String> {
+    unshare(CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot make the sandbox's network namespace: {e}"))?;
+    loopback_up().map_err(|e| format!("cannot bring the sandbox's loopback up: {e}"))?;
+    load_rules(setup)?;
+    // pasta, as this process's host uid, opens /proc/<us>/ns/*: entering the sandbox's user
+    // namespace made us non-dumpable, which would refuse it. Nothing in the sandbox can see
+    // this process (its own pid namespace).
+    nix::sys::prctl::set_dumpable(true)
+        .map_err(|e| format!("cannot let pasta join the namespace: {e}"))?;
+    let mut argv = vec![log.to_string(), setup.pasta.clone()];
+    argv.extend(setup.pasta_args.iter().cloned());
+    argv.push(std::process::id().to_string());
+    let message = argv.join("\0");
+    if message.len() > MAX_ARGV {
+        return Err("pasta's command line is too long".into());
+    }
+    sendmsg::<()>(
+        starter.socket.as_raw_fd(),
+        &[IoSlice::new(message.as_bytes())],
+        &[],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| format!("cannot start pasta: {e}"))?;
+    wait_for_route(starter.pid)
+}
+
+/// The starter's side: detaches from the agent's channel, waits for its command line
+/// (`log NUL pasta NUL args...`) and execs pasta. Returns only on failure.
+fn become_pasta(socket: OwnedFd) -> String {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return format!("cannot tie pasta to the sandbox: {e}");
+    }
+    // stdin and stdout are the agent's channel: pasta must never hold them.
+    let null = match File::options().read(true).write(true).open("/dev/null") {
+        Ok(null) => null,
+        Err(e) => return format!("cannot open /dev/null: {e}"),
+    };
+    for fd in [0, 1] {
+        if let Err(e) = dup2(null.as_raw_fd(), fd) {
+            return format!("cannot detach pasta from the agent's channel: {e}");
+        }
+    }
+    let mut buffer = vec![0u8; MAX_ARGV];
+    let mut iov = [IoSliceMut::new(&mut buffer)];
+    let length = match recvmsg::<()>(socket.as_raw_fd(), &mut iov, None, MsgFlags::empty()) {
+        Ok(message) => message.bytes,
+        Err(e) => return format!("no word from the launcher: {e}"),
+    };
+    if length == 0 {
+        // No network for this sandbox (or the launcher failed first and said why).
+        // SAFETY: _exit ends the forked child without the parent's destructors.
+        unsafe { libc::_exit(0) }
+    }
+    let text = String::from_utf8_lossy(&buffer[..length]).into_owned();
+    let mut argv = text.split('\0');
+    let (Some(log), Some(program)) = (argv.next(), argv.next()) else {
+        return "a garbled command line".into();
+    };
+    match File::options().append(true).open(log) {
+        Ok(log) => {
+            let _ = dup2(log.as_raw_fd(), 2);
+        }
+        Err(e) => return format!("cannot open the sandbox log {log}: {e}"),
+    }
+    let error = Command::new(program).args(argv).env_clear().exec();
+    format!("cannot start {program}: {error}")
+}
+
+fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
+    // A copy of stderr (the sandbox log) for each of nft's outputs.
+    let log = || {
+        nix::unistd::dup(2)
+            // SAFETY: dup returned a new descriptor that nothing else owns.
+            .map(|fd| Stdio::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+            .unwrap_or_else(|_| Stdio::null())
+    };
+    let mut nft = Command::new(&setup.nft)
+        .args(["-f", "-"])
+        .env_clear()
+        .stdin(Stdio::piped())
+        // fd 1 is the agent's channel: nothing of nft's may reach it.
+        .stdout(log())
+        .stderr(log())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", setup.nft))?;
+    let written = nft
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(setup.rules.as_bytes()));
+    let status = nft
+        .wait()
+        .map_err(|e| format!("cannot wait for {}: {e}", setup.nft))?;
+    match written {
+        Some(Ok(())) if status.success() => Ok(()),
+        _ => Err(format!(
+            "{} could not load the egress policy ({status}); nothing was started",
+            setup.nft
+        )),
+    }
+}
+
+/// Waits until pasta gave the namespace a default route (IPv4 or IPv6), or gave up.
+fn wait_for_route(pasta: Pid) -> Result<(), String> {
+    let deadline = Instant::now() + PASTA_READY;
+    loop {
+        if has_default_route() {
+            return Ok(());
+        }
+        match waitpid(pasta, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(status) => {
+                return Err(format!(
+                    "pasta ended before the network was up ({status:?})"
+                ))
+            }
+            Err(e) => return Err(format!("cannot watch pasta: {e}")),
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "pasta did not configure the network within {}s",
+                PASTA_READY.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn has_default_route() -> bool {
+    let v4 = std::fs::read_to_string("/proc/self/net/route").is_ok_and(|table| {
+        table
+            .lines()
+            .skip(1)
+            .any(|line| line.split_whitespace().nth(1) == Some("00000000"))
+    });
+    v4 || std::fs::read_to_string("/proc/self/net/ipv6_route").is_ok_and(|table| {
+        table.lines().any(|line| {
+            let mut fields = line.split_whitespace();
+            fields.next() == Some("00000000000000000000000000000000")
+                && fields.next() == Some("00")
+                && !line.ends_with(" lo")
+        })
+    })
+}
+
+/// `ip link set lo up`, through the one ioctl it needs.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() takes plain integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socket returned a new descriptor that nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    request.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as i16;
+    // SAFETY: `request` is a valid ifreq naming "lo"; SIOCSIFFLAGS only reads it.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,428 @@
+//! Networking that never opens the bus (issue 9), on the bwrap plugin: every sandbox has a
+//! network namespace of its own; `network: true` reaches "public" addresses through pasta and
+//! is refused, at once, for the host's loopback, private, link-local and metadata addresses
+//! and the engine; `network_allow` / `network_deny` and a create's `network` object narrow the
+//! policy; a worker VM reaches the engine (registers a function a host caller calls) and
+//! nothing else of the host's loopback.
+//!
+//! The servers live in network namespaces this test makes (`ip netns`, veth): a "public" one
+//! at 198.51.100.10 and a "private" one at 10.199.0.10, 192.168.199.10 and 169.254.77.10
+//! (link-local); 169.254.169.254 (metadata) is probed with no server behind it.
+
+mod sandbox_support;
+mod worker_support;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
+use sandbox_support::{create, exec_ok, expect_err, stdout};
+use serde_json::{json, Value};
+use worker_support::{wait_log, worker_ok, TOKEN};
+
+const WORKER: &str = include_str!("iii_worker.py");
+const PORT: u16 = 8080;
+const PUBLIC: &str = "198.51.100.10";
+const PRIVATE: [&str; 3] = ["10.199.0.10", "192.168.199.10", "169.254.77.10"];
+/// The cloud metadata address: refused by the policy before any packet leaves (no server
+/// stands there: this host routes it elsewhere).
+const METADATA: &str = "169.254.169.254:80";
+
+/// A network namespace with a veth to the host and a TCP server on `PORT` that greets with
+/// `banner`; removed when dropped.
+struct TestHost {
+    ns: String,
+    server: Child,
+}
+
+impl TestHost {
+    /// `pairs`: (host side, namespace side) addresses of the veth.
+    fn start(tag: &str, pairs: &[(&str, &str)], banner: &str) -> TestHost {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ns = format!("iii{tag}{}{n}", std::process::id() % 10_000);
+        let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status().expect("run ip");
+            assert!(status.success(), "ip {args:?}");
+        };
+        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ]);
+        ip(&["link", "set", &ns_if, "netns", &ns]);
+        for (host, inside) in pairs {
+            ip(&["addr", "add", host, "dev", &host_if]);
+            ip(&["-n", &ns, "addr", "add", inside, "dev", &ns_if]);
+        }
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&["-n", &ns, "link", "set", &ns_if, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c"])
+            .arg(
+                "import socket,sys\n\
+                 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                 s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n\
+                 while True:\n    c,_=s.accept(); c.sendall(sys.argv[2].encode()+b'\\n'); c.close()\n",
+            )
+            .args([&PORT.to_string(), banner])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the test server");
+        let host = TestHost { ns, server };
+        // The fixture itself works from the host: a refusal later is the policy's.
+        for (_, inside) in pairs {
+            let address = inside.split('/').next().unwrap();
+            host.wait_served(address, banner);
+        }
+        host
+    }
+
+    fn wait_served(&self, address: &str, banner: &str) {
+        for _ in 0..100 {
+            if let Ok(mut s) = std::net::TcpStream::connect((address, PORT)) {
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut s, &mut text);
+                assert_eq!(text.trim(), banner);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the test server at {address}:{PORT} never answered the host");
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The tests of this file share the test servers' addresses: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Whether this host lets the test make network namespaces (root, iproute2); says why not.
+fn netns_usable(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let ip = Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let pasta = Command::new("pasta").arg("--version").output().is_ok();
+    if !(root && ip && pasta) {
+        println!("\n*** {test} DID NOT RUN: needs root and iproute2 for the test's namespaces, and pasta ***\n");
+    }
+    root && ip && pasta && bwrap_usable(test)
+}
+
+fn public_host() -> TestHost {
+    TestHost::start(
+        "p",
+        &[("198.51.100.1/24", "198.51.100.10/24")],
+        "hello-public",
+    )
+}
+
+fn private_host() -> TestHost {
+    TestHost::start(
+        "q",
+        &[
+            ("10.199.0.1/24", "10.199.0.10/24"),
+            ("192.168.199.1/24", "192.168.199.10/24"),
+            ("169.254.77.1/24", "169.254.77.10/24"),
+        ],
+        "hello-private",
+    )
+}
+
+/// Probes `targets` (`host:port`) from sandbox `id`; each line's verdict word by target.
+async fn probe(stack: &Stack, id: &str, targets: &[String]) -> Vec<(String, String)> {
+    let mut argv = vec![
+        "python3".to_string(),
+        "-c".into(),
+        WORKER.into(),
+        "probe".into(),
+    ];
+    for target in targets {
+        let (host, port) = target.rsplit_once(':').unwrap();
+        argv.extend([host.to_string(), port.to_string()]);
+    }
+    let answer = exec_ok(stack, id, json!({ "argv": argv, "timeout_ms": 120_000 })).await;
+    println!("{}", stdout(&answer));
+    stdout(&answer)
+        .lines()
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let target = words.next().unwrap_or_default().to_string();
+            (target, words.collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+fn verdict<'a>(results: &'a [(String, String)], target: &str) -> &'a str {
+    results
+        .iter()
+        .find(|(t, _)| t == target)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no result for {target}: {results:?}"))
+}
+
+fn assert_refused(results: &[(String, String)], target: &str) {
+    let v = verdict(results, target);
+    assert!(
+        v.starts_with("refused"),
+        "{target} must be refused at once, got {v}"
+    );
+}
+
+fn public() -> String {
+    format!("{PUBLIC}:{PORT}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
+    if !netns_usable("network_on_reaches_the_public_side_only_and_off_reaches_nothing") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let _public = public_host();
+    let _private = private_host();
+    // A server on the host's loopback, and the engine: neither may be reached.
+    let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
+    let loopback = format!("127.0.0.1:{}", loopback.local_addr().unwrap().port());
+    let stack = Stack::bwrap().await;
+    let engine = stack.engine.url().replace("ws://", "");
+    let host_ip = host_address();
+    let mut targets = vec![public(), loopback.clone(), engine.clone()];
+    targets.extend(PRIVATE.iter().map(|ip| format!("{ip}:{PORT}")));
+    targets.push(METADATA.into());
+    if let Some(ip) = &host_ip {
+        targets.push(format!("{ip}:{}", engine.rsplit_once(':').unwrap().1));
+    }
+
+    let on = create(&stack, "python", json!({"network": true})).await;
+    let results = probe(&stack, &on, &targets).await;
+    assert_eq!(verdict(&results, &public()), "ok hello-public");
+    for target in &targets[1..] {
+        assert_refused(&results, target);
+    }
+
+    let off = create(&stack, "python", json!({})).await;
+    let results = probe(&stack, &off, &targets).await;
+    for (target, v) in &results {
+        assert!(!v.starts_with("ok"), "network off reached {target}: {v}");
+    }
+    assert!(verdict(&results, &public()).starts_with("unreachable"));
+    let links = exec_ok(&stack, &off, json!({"argv": ["cat", "/proc/net/dev"]})).await;
+    let interfaces: Vec<&str> = stdout(&links).lines().skip(2).map(|l| l.trim()).collect();
+    assert!(
+        interfaces.len() == 1 && interfaces[0].starts_with("lo:"),
+        "network off has only lo: {interfaces:?}"
+    );
+}
+
+/// An address of the host's own (not loopback): a sandbox must not reach host services
+/// through it either.
+fn host_address() -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains(" iii"))
+        .find_map(|l| l.split_whitespace().nth(3))
+        .and_then(|cidr| cidr.split('/').next().map(String::from))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_and_deny_narrow_the_policy_and_a_create_cannot_widen_it() {
+    if !netns_usable("allow_and_deny_narrow_the_policy_and_a_create_cannot_widen_it") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let _public = public_host();
+    let _private = private_host();
+    let private = format!("{}:{PORT}", PRIVATE[0]);
+
+    // network_deny takes a public address away.
+    let stack = Stack::start(json!({"network_deny": [PUBLIC]}), AdapterOptions::default()).await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let results = probe(&stack, &id, &[public()]).await;
+    assert_refused(&results, &public());
+    drop(stack);
+
+    // network_allow: only its ranges, which may be private on purpose.
+    let stack = Stack::start(
+        json!({"network_allow": ["10.199.0.0/24"]}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let results = probe(&stack, &id, &[public(), private.clone()]).await;
+    assert_eq!(verdict(&results, &private), "ok hello-private");
+    assert_refused(&results, &public());
+    drop(stack);
+
+    // A create's object narrows; it cannot widen.
+    let stack = Stack::bwrap().await;
+    let id = create(
+        &stack,
+        "python",
+        json!({"network": {"deny": ["198.51.100.0/24"]}}),
+    )
+    .await;
+    let results = probe(&stack, &id, &[public()]).await;
+    assert_refused(&results, &public());
+    for (wider, what) in [
+        (json!({"allow": ["10.0.0.0/8"]}), "a private range"),
+        (json!({"allow": ["0.0.0.0/0"]}), "everything"),
+        (json!({"allowed": []}), "an unknown field"),
+        (json!("yes"), "a string"),
+    ] {
+        let refused = stack
+            .call("create", json!({"image": "python", "network": wider}))
+            .await;
+        let (code, body) = expect_err(refused, what);
+        assert_eq!(code, "S001", "{what}: {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
+    if !netns_usable("a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let project = e2e_tests::host_dir();
+    std::fs::File::create(project.path().join("worker.py"))
+        .unwrap()
+        .write_all(WORKER.as_bytes())
+        .unwrap();
+    let options = AdapterOptions {
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            (
+                "III_COMPOSE_DIR".into(),
+                project.path().display().to_string(),
+            ),
+        ],
+        ..AdapterOptions::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    let before = functions(&stack).await;
+
+    // The attack: a sandbox with network tries to register a function on the bus.
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let attack = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["python3", "-c", WORKER, "serve", "attacker::pwned", "pwned"],
+               "env": {"III_URL": stack.engine.url()}, "timeout_ms": 30_000}),
+    )
+    .await;
+    assert!(
+        stdout(&attack).contains("cannot reach the engine"),
+        "the sandbox reached the engine: {attack}"
+    );
+    let after = functions(&stack).await;
+    assert!(
+        !after.iter().any(|f| f.starts_with("attacker::")),
+        "{after:?}"
+    );
+    assert_eq!(before.len(), after.len(), "no function appeared");
+
+    // A worker VM: its III_URL reaches the engine, where a host caller calls it.
+    worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "netvm", "image": "python", "host_path": project.path()}),
+    )
+    .await;
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "netvm",
+               "command": ["python3", "/worker/worker.py", "serve", "netvm::hello", "from-the-vm"]}),
+    )
+    .await;
+    wait_log(&stack, "netvm", "registered", 1, Duration::from_secs(60)).await;
+    let mut answer = Value::Null;
+    for _ in 0..100 {
+        match stack
+            .client
+            .invoke("netvm::hello", json!({}), Duration::from_secs(10))
+            .await
+        {
+            Ok(value) => {
+                answer = value;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(
+        answer,
+        json!({"answer": "from-the-vm"}),
+        "{}",
+        stack.adapter.log()
+    );
+
+    // ... and nothing else of the host's loopback.
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = other.local_addr().unwrap().port();
+    worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "netvm", "timeout_ms": 2000}),
+    )
+    .await;
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "netvm",
+               "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other.to_string()]}),
+    )
+    .await;
+    let log = wait_log(
+        &stack,
+        "netvm",
+        &format!("127.0.0.1:{other} "),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let line = log
+        .lines()
+        .find(|l| l.starts_with(&format!("127.0.0.1:{other} ")))
+        .unwrap();
+    assert!(line.contains(" refused "), "another loopback port: {line}");
+}
+
+async fn functions(stack: &Stack) -> Vec<String> {
+    let list = stack
+        .client
+        .invoke(
+            "engine::functions::list",
+            json!({}),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("engine::functions::list");
+    let items = list["functions"].as_array().cloned().unwrap_or_default();
+    items
+        .iter()
+        .filter_map(|f| {
+            f.as_str()
+                .or_else(|| f["function_id"].as_str())
+                .or_else(|| f["id"].as_str())
+                .map(String::from)
+        })
+        .collect()
+}
