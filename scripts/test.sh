@@ -10,6 +10,11 @@ cd "$root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/sandbox-libkrun-tests.XXXXXX")
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+# Whatever ran before (the quickstart installs without the VM lab), this installs what the
+# tests need; fast when everything is there.
+step "install (scripts/install-deps.sh)"
+bash scripts/install-deps.sh
+
 step "build (workspace, static agent)"
 cargo build --workspace --all-targets
 SANDBOX_AGENT_PATH=$(sh agent/build-static.sh)
