@@ -2,6 +2,11 @@
 //! runner's own, before libkrun opens the root. Nothing propagates to the host, and the
 //! kernel drops the mount with the namespace when the runner exits (or is killed), so no
 //! mount can leak.
+//!
+//! Run by an ordinary user (how Compose runs the adapter), the runner first enters a user
+//! namespace of its own where its uid is root (`0 <uid> 1`): that is what lets it mount the
+//! overlay, and what lets libkrun's virtio-fs server act as the guest's root on files the
+//! user owns (its image cache and the sandbox's layer), with no host privilege.
 
 use std::ffi::CString;
 use std::path::Path;
@@ -13,6 +18,11 @@ use crate::spec::RootOverlay;
 pub enum OverlayError {
     #[error("cannot make a private mount namespace: {0}")]
     Unshare(std::io::Error),
+    #[error("cannot map the runner's ids in its user namespace ({file}): {source}")]
+    IdMap {
+        file: &'static str,
+        source: std::io::Error,
+    },
     #[error("cannot make the mount namespace private: {0}")]
     Private(std::io::Error),
     #[error("cannot mount the overlay root at {root}: {source}")]
@@ -24,11 +34,28 @@ pub enum OverlayError {
     Nul,
 }
 
+/// In a user namespace just made: the caller's own ids become root, the only mapping an
+/// unprivileged process may write (and only with setgroups denied).
+fn map_self_to_root(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), OverlayError> {
+    for (file, text) in [
+        ("/proc/self/setgroups", "deny".to_string()),
+        ("/proc/self/uid_map", format!("0 {uid} 1\n")),
+        ("/proc/self/gid_map", format!("0 {gid} 1\n")),
+    ] {
+        std::fs::write(file, text).map_err(|source| OverlayError::IdMap { file, source })?;
+    }
+    Ok(())
+}
+
 /// Mounts `overlay` at `root` in a fresh private mount namespace. Must run while the
 /// process has a single thread (`unshare(CLONE_NEWNS)` refuses otherwise).
 pub fn mount_private(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let in_user_namespace = unsafe { libc::geteuid() } != 0;
+    // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
     let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "{}lowerdir={},upperdir={},workdir={}",
+        if in_user_namespace { "userxattr," } else { "" },
         overlay.lower.display(),
         overlay.upper.display(),
         overlay.work.display()
@@ -37,9 +64,19 @@ pub fn mount_private(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayEr
     let target =
         CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
 
+    // SAFETY: geteuid/getegid take nothing and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let flags = if uid == 0 {
+        libc::CLONE_NEWNS
+    } else {
+        libc::CLONE_NEWNS | libc::CLONE_NEWUSER
+    };
     // SAFETY: plain system call on the calling process; no memory is passed.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+    if unsafe { libc::unshare(flags) } != 0 {
         return Err(OverlayError::Unshare(std::io::Error::last_os_error()));
+    }
+    if uid != 0 {
+        map_self_to_root(uid, gid)?;
     }
     // SAFETY: NUL-terminated static strings and null pointers, as mount(2) allows for a
     // propagation change.
