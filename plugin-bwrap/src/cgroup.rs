@@ -121,12 +121,14 @@ impl Group {
 const EMPTY_WAIT: Duration = Duration::from_secs(2);
 
 /// Removes the groups named `name` whose processes are gone or dying (also for leftovers of
-/// an earlier run). Blocks up to [`EMPTY_WAIT`]: right after bwrap is killed, the sandbox's
-/// PID 1 and its children are still exiting and the kernel refuses the rmdir with EBUSY, which
-/// used to leave one empty group behind per unlucky stop.
+/// an earlier run). Blocks up to [`EMPTY_WAIT`] in all (one deadline for every hierarchy, not
+/// one each): right after bwrap is killed, the sandbox's PID 1 and its children are still
+/// exiting and the kernel refuses the rmdir with EBUSY, which used to leave one empty group
+/// behind per unlucky stop.
 pub fn remove(name: &str) {
+    let deadline = Instant::now() + EMPTY_WAIT;
     for parent in hierarchies() {
-        remove_when_empty(&parent.join(name), EMPTY_WAIT);
+        remove_when_empty(&parent.join(name), deadline);
     }
 }
 
@@ -158,8 +160,7 @@ fn hierarchies() -> [PathBuf; 4] {
     ]
 }
 
-fn remove_when_empty(dir: &Path, wait: Duration) {
-    let deadline = Instant::now() + wait;
+fn remove_when_empty(dir: &Path, deadline: Instant) {
     loop {
         match fs::remove_dir(dir) {
             Ok(()) => return,

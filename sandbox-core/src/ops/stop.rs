@@ -62,7 +62,7 @@ pub async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, sandbox: Arc<Sandbo
 }
 
 /// How long the watcher of a dead agent waits for the sandbox process's exit status.
-const EXIT_WAIT: Duration = Duration::from_secs(2);
+const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// Watches a live sandbox's agent link: once it is gone (the agent killed or exited, or a
 /// frame the host cannot decode), the sandbox leaves the live set with the cause, and its

@@ -52,6 +52,20 @@ async fn a_fork_bomb_is_capped_and_the_sandbox_then_runs_echo() {
         return;
     }
     let id = create(&stack, "python", json!({})).await;
+    // The limit is the sandbox's cgroup's (v1 `pids` hierarchy here, or v2).
+    let group = sandbox_support::cgroup_name(&stack, &id);
+    let pids_dirs: Vec<_> = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+        .iter()
+        .map(|root| {
+            std::path::Path::new(root)
+                .join("sandbox-libkrun")
+                .join(&group)
+        })
+        .filter(|dir| dir.join("pids.max").is_file())
+        .collect();
+    assert_eq!(pids_dirs.len(), 1, "one pids group for {group}");
+    let limit = std::fs::read_to_string(pids_dirs[0].join("pids.max")).unwrap();
+    assert_eq!(limit.trim(), PIDS.to_string());
 
     // Forks until the kernel refuses, counts the sandbox's processes from inside, then ends
     // its children.
@@ -106,6 +120,10 @@ for pid in children:
     .await;
     assert!(serves, "the sandbox runs `echo ok` after the fork bomb");
     stop(&stack, &id, true).await;
+    assert!(
+        !pids_dirs[0].exists(),
+        "the pids group goes with the sandbox"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -75,7 +75,10 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     assert_eq!(list["in_flight"], 0, "{list}");
     assert_eq!(list["remaining"], 32, "{list}");
     assert_eq!(layers_on_disk(&stack), 0, "no layer left on disk");
-    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
+    let left: Vec<_> = groups
+        .iter()
+        .flat_map(|g| cgroups_named(g).into_iter().chain(pids_group(g)))
+        .collect();
     assert!(
         left.is_empty(),
         "cgroups left after stop {{wait}}: {left:?}"
@@ -111,6 +114,23 @@ fn limits_are_in_force(group: &str) {
         members += 1;
     }
     assert!(members > 0, "group {group} has no hierarchy");
+    // The pids limit (`max_pids_per_sandbox`, default 1024): in the v2 group, or the v1
+    // `pids` hierarchy.
+    let pids = pids_group(group).expect("a pids group");
+    let max = std::fs::read_to_string(pids.join("pids.max")).unwrap_or_default();
+    assert_eq!(max.trim(), "1024", "{}", pids.display());
+}
+
+/// The directory holding group `name`'s `pids.max`, if any.
+fn pids_group(name: &str) -> Option<std::path::PathBuf> {
+    ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+        .iter()
+        .map(|root| {
+            std::path::Path::new(root)
+                .join("sandbox-libkrun")
+                .join(name)
+        })
+        .find(|dir| dir.join("pids.max").is_file())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -118,8 +138,13 @@ async fn exec_cap_image_caps_unknown_and_stopped_sandboxes() {
     if !bwrap_usable("exec_cap_image_caps_unknown_and_stopped_sandboxes") {
         return;
     }
+    // Ceilings above the caps, so that what is checked is the per-image caps (the default
+    // ceilings come from the host: its cores, half its memory).
     let stack = Stack::start(
-        json!({"per_image_caps": {"python": {"max_cpus": 2, "max_memory_mb": 1024}}}),
+        json!({
+            "per_image_caps": {"python": {"max_cpus": 2, "max_memory_mb": 1024}},
+            "max_cpus": 8, "max_memory_mb": 4096,
+        }),
         Default::default(),
     )
     .await;
