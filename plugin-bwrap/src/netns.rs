@@ -88,7 +88,7 @@ pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result
         None,
     )
     .map_err(|e| format!("cannot start pasta: {e}"))?;
-    wait_for_route(starter.pid)
+    wait_until_ready(starter.pid, &setup.forwarded_ports)
 }
 
 /// The starter's side: detaches from the agent's channel, waits for its command line
@@ -166,11 +166,12 @@ fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
     }
 }
 
-/// Waits until pasta gave the namespace a default route (IPv4 or IPv6), or gave up.
-fn wait_for_route(pasta: Pid) -> Result<(), String> {
+/// Waits until pasta gave the namespace a default route (IPv4 or IPv6) and listens on every
+/// forwarded port, or gave up.
+fn wait_until_ready(pasta: Pid, ports: &[u16]) -> Result<(), String> {
     let deadline = Instant::now() + PASTA_READY;
     loop {
-        if has_default_route() {
+        if has_default_route() && ports.iter().all(|port| listening(*port)) {
             return Ok(());
         }
         match waitpid(pasta, Some(WaitPidFlag::WNOHANG)) {
@@ -190,6 +191,24 @@ fn wait_for_route(pasta: Pid) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Whether a TCP socket of this namespace listens on `port` (`/proc/self/net/tcp{,6}`, state
+/// 0A).
+fn listening(port: u16) -> bool {
+    let wanted = format!(":{port:04X}");
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .any(|table| {
+            std::fs::read_to_string(table).is_ok_and(|text| {
+                text.lines().skip(1).any(|line| {
+                    let mut fields = line.split_whitespace();
+                    let local = fields.nth(1).unwrap_or_default();
+                    let state = fields.nth(1).unwrap_or_default();
+                    local.ends_with(&wanted) && state == "0A"
+                })
+            })
+        })
 }
 
 fn has_default_route() -> bool {

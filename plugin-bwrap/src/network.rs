@@ -31,6 +31,8 @@ pub struct NetworkSetup {
     /// `pasta` and its arguments, without the namespace to join (the launcher adds it).
     pub pasta: String,
     pub pasta_args: Vec<String>,
+    /// Ports pasta listens on inside the namespace once it is ready (the forwarded bus).
+    pub forwarded_ports: Vec<u16>,
 }
 
 impl NetworkSetup {
@@ -76,6 +78,7 @@ impl NetworkSetup {
             rules: ruleset(egress, host_addrs),
             pasta,
             pasta_args,
+            forwarded_ports: bus_on_loopback.map(|bus| bus.port()).into_iter().collect(),
         }
     }
 }
@@ -224,6 +227,7 @@ mod tests {
             .position(|a| a == "--tcp-ns")
             .unwrap();
         assert_eq!(loopback.pasta_args[at + 1], "49134");
+        assert_eq!(loopback.forwarded_ports, [49134]);
         assert!(!loopback.rules.contains("dport 49134"));
         let remote = NetworkSetup::new(
             "nft".into(),
