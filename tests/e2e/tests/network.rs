@@ -48,7 +48,11 @@ impl TestHost {
             let status = Command::new("ip").args(args).status().expect("run ip");
             assert!(status.success(), "ip {args:?}");
         };
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        // A namespace of that name left by a killed run.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
         ip(&["netns", "add", &ns]);
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
