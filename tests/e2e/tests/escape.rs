@@ -10,10 +10,10 @@ mod worker_support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
+use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{create, exec_ok, stdout};
 use serde_json::json;
-use worker_support::{wait_log, worker_ok, TOKEN};
+use worker_support::{compose_options, wait_log, worker_ok};
 
 const ATTACKS: &str = include_str!("escape_attacks.py");
 
@@ -115,17 +115,7 @@ async fn a_worker_vm_cannot_write_its_read_only_mounts_or_escape() {
     }
     let project = e2e_tests::host_dir();
     let canary = Canary::plant(project.path(), "main.txt");
-    let options = AdapterOptions {
-        env: vec![
-            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
-            (
-                "III_COMPOSE_DIR".into(),
-                project.path().display().to_string(),
-            ),
-        ],
-        ..AdapterOptions::default()
-    };
-    let stack = Stack::start(json!({}), options).await;
+    let stack = Stack::start(json!({}), compose_options(project.path())).await;
     worker_ok(
         &stack,
         "prepare",

@@ -20,7 +20,7 @@ use std::time::Duration;
 use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
 use sandbox_support::{create, exec_ok, expect_err, stdout};
 use serde_json::{json, Value};
-use worker_support::{wait_log, worker_ok, TOKEN};
+use worker_support::{compose_options, wait_log, worker_ok};
 
 const WORKER: &str = include_str!("iii_worker.py");
 const PORT: u16 = 8080;
@@ -309,17 +309,7 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         .unwrap()
         .write_all(WORKER.as_bytes())
         .unwrap();
-    let options = AdapterOptions {
-        env: vec![
-            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
-            (
-                "III_COMPOSE_DIR".into(),
-                project.path().display().to_string(),
-            ),
-        ],
-        ..AdapterOptions::default()
-    };
-    let stack = Stack::start(json!({}), options).await;
+    let stack = Stack::start(json!({}), compose_options(project.path())).await;
     let before = functions(&stack).await;
 
     // The attack: a sandbox with network tries to register a function on the bus.

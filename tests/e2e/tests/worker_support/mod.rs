@@ -5,13 +5,25 @@
 
 use std::time::Duration;
 
-use e2e_tests::{error_body, s_code, RemoteError, Stack};
+use e2e_tests::{error_body, s_code, AdapterOptions, RemoteError, Stack};
 use serde_json::{json, Value};
 
 use crate::sandbox_support::eventually;
 
 /// The token these tests give the adapter; long and unusual enough to find in any file.
 pub const TOKEN: &str = "wk-tok-5f1e0c9a7b3d42e8a6c1-never-in-a-guest";
+
+/// Adapter options for worker VMs of a Compose project at `dir`: the token, and `dir` as the
+/// Compose directory (a host root).
+pub fn compose_options(dir: &std::path::Path) -> AdapterOptions {
+    AdapterOptions {
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), dir.display().to_string()),
+        ],
+        ..AdapterOptions::default()
+    }
+}
 
 /// `worker::<op>` with the token in `auth`.
 pub async fn worker(stack: &Stack, op: &str, mut payload: Value) -> Result<Value, RemoteError> {
