@@ -199,17 +199,50 @@ pub struct ImageConfig {
 
 pub fn parse_config(body: &[u8]) -> Result<ImageConfig, ManifestError> {
     let raw: RawConfig = serde_json::from_slice(body)?;
-    let run = raw.config.unwrap_or_default();
-    let non_empty = |s: Option<String>| s.filter(|s| !s.is_empty());
     Ok(ImageConfig {
-        runtime: ImageRuntimeConfig {
-            env: run.env.unwrap_or_default(),
-            working_dir: non_empty(run.working_dir),
-            entrypoint: run.entrypoint.unwrap_or_default(),
-            cmd: run.cmd.unwrap_or_default(),
-            user: non_empty(run.user),
-        },
+        runtime: runtime_of(raw.config),
         diff_ids: raw.rootfs.diff_ids,
+    })
+}
+
+fn runtime_of(run: Option<RawRunConfig>) -> ImageRuntimeConfig {
+    let run = run.unwrap_or_default();
+    let non_empty = |s: Option<String>| s.filter(|s| !s.is_empty());
+    ImageRuntimeConfig {
+        env: run.env.unwrap_or_default(),
+        working_dir: non_empty(run.working_dir),
+        entrypoint: run.entrypoint.unwrap_or_default(),
+        cmd: run.cmd.unwrap_or_default(),
+        user: non_empty(run.user),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct RawSavedConfig {
+    #[serde(default)]
+    architecture: Option<String>,
+    #[serde(default)]
+    os: Option<String>,
+    #[serde(default)]
+    config: Option<RawRunConfig>,
+}
+
+/// An image config kept without its digest (iii 0.25's `.oci-config.json`): the platform it
+/// names and its run settings, each absent field taking its default. No diff_ids are needed,
+/// since nothing is unpacked from it.
+#[derive(Debug, Clone)]
+pub struct SavedConfig {
+    pub architecture: Option<String>,
+    pub os: Option<String>,
+    pub runtime: ImageRuntimeConfig,
+}
+
+pub fn parse_saved_config(body: &[u8]) -> Result<SavedConfig, ManifestError> {
+    let raw: RawSavedConfig = serde_json::from_slice(body)?;
+    Ok(SavedConfig {
+        architecture: raw.architecture,
+        os: raw.os,
+        runtime: runtime_of(raw.config),
     })
 }
 
@@ -286,5 +319,19 @@ mod tests {
         assert_eq!(c.runtime.working_dir.as_deref(), Some("/w"));
         assert_eq!(c.runtime.user.as_deref(), Some("1000"));
         assert_eq!(c.diff_ids, vec!["sha256:cc"]);
+    }
+
+    #[test]
+    fn a_saved_config_needs_no_rootfs_and_defaults_what_it_lacks() {
+        let saved =
+            parse_saved_config(br#"{"architecture":"arm64","config":{"Env":["A=1"]}}"#).unwrap();
+        assert_eq!(saved.architecture.as_deref(), Some("arm64"));
+        assert_eq!(saved.os, None);
+        assert_eq!(saved.runtime.env, vec!["A=1"]);
+        assert_eq!(saved.runtime.cmd, Vec::<String>::new());
+        assert_eq!(saved.runtime.working_dir, None);
+        let bare = parse_saved_config(b"{}").unwrap();
+        assert_eq!(bare.runtime, ImageRuntimeConfig::default());
+        assert!(parse_saved_config(b"{\"architecture\":").is_err());
     }
 }
