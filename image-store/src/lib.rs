@@ -14,6 +14,7 @@
 //! | manifests, platform choice | `manifest.rs` |
 //! | registry access (oci-client) | `pull.rs`, `auth.rs`, `reference.rs` |
 //! | cache layout, locks | `cache.rs`, `lock.rs` |
+//! | roots iii 0.25 left in its cache (read-only, checked) | `legacy.rs` |
 //! | unpack: entries, whiteouts, diff_id | `unpack/mod.rs`, `unpack/entry.rs` |
 //! | unpack: safe path resolution | `unpack/resolve.rs` |
 //! | unpack: inflate thread, parallel writers, PAX | `unpack/pipe.rs`, `unpack/writers.rs`, `unpack/pax.rs` |
@@ -27,6 +28,7 @@ mod catalog;
 mod digest;
 mod error;
 mod install;
+mod legacy;
 mod lock;
 mod manifest;
 mod progress;
@@ -43,4 +45,4 @@ pub use manifest::ImageRuntimeConfig;
 pub use progress::{NoProgress, PullProgress, TracingProgress};
 pub use pull::PullError;
 pub use settings::{default_cache_dir, default_docker_config, ImageSettings, PRESETS};
-pub use store::{ImageStore, PreparedImage};
+pub use store::{ImageSource, ImageStore, PreparedImage};

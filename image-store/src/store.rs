@@ -9,6 +9,7 @@ use crate::cache::{Cache, RootRecord};
 use crate::catalog::{known_images, CatalogEntry, Known};
 use crate::digest::Digest;
 use crate::error::ImageError;
+use crate::legacy;
 use crate::manifest::ImageRuntimeConfig;
 use crate::progress::{PullProgress, TracingProgress};
 use crate::pull::Registry;
@@ -20,9 +21,22 @@ use crate::settings::ImageSettings;
 pub struct PreparedImage {
     pub name: String,
     pub oci_ref: String,
+    /// The manifest the root was unpacked from; empty for [`ImageSource::Iii025Cache`].
     pub manifest_digest: String,
     pub rootfs: PathBuf,
     pub config: ImageRuntimeConfig,
+    pub source: ImageSource,
+}
+
+/// Where a prepared root comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Our cache: pulled and unpacked here, every digest checked.
+    Pulled,
+    /// The root iii 0.25 left at `<image_cache_dir>/<slug>/`, used read-only after the checks
+    /// of `legacy.rs`; 0.25 kept no digest, so its content is not verified. `config` is what
+    /// 0.25 saved in `.oci-config.json` (absent fields take their defaults).
+    Iii025Cache,
 }
 
 /// The image store. Cheap to clone (an `Arc` inside); `Send + Sync`.
@@ -88,7 +102,9 @@ impl ImageStore {
 
     /// Resolves a catalog name: not in the catalog or not allowed is S100; not installed with
     /// `auto_install` off is S101; otherwise pulls once (parallel callers share one pull) and
-    /// returns the read-only flattened root. A cached hit touches no network.
+    /// returns the read-only flattened root. A cached hit touches no network; a root iii 0.25
+    /// pulled for the reference counts as cached (even with `auto_install` off) when our cache
+    /// has none.
     pub async fn ensure(&self, name: &str) -> Result<PreparedImage, ImageError> {
         let known = self.lookup(name)?;
         if let Some(p) = self.cached(&known.oci_ref, name) {
@@ -146,11 +162,16 @@ impl ImageStore {
         }
     }
 
-    /// The cached root of `oci_ref`, from memory or from the cache's ref records.
+    /// The cached root of `oci_ref`: from memory, from the cache's ref records, else the root
+    /// iii 0.25 left for it (see `legacy.rs`). Touches no network.
     pub(crate) fn cached(&self, oci_ref: &str, name: &str) -> Option<PreparedImage> {
         if let Ok(ready) = self.inner.ready.read() {
             if let Some(p) = ready.get(oci_ref) {
-                if p.rootfs.is_dir() {
+                let still = match p.source {
+                    ImageSource::Pulled => p.rootfs.is_dir(),
+                    ImageSource::Iii025Cache => legacy::still_there(&p.rootfs),
+                };
+                if still {
                     return Some(PreparedImage {
                         name: name.to_string(),
                         ..p.clone()
@@ -158,8 +179,26 @@ impl ImageStore {
                 }
             }
         }
-        let (digest, rec) = self.inner.cache.lookup_ref(oci_ref)?;
-        Some(self.remember(oci_ref, name, &digest, rec))
+        if let Some((digest, rec)) = self.inner.cache.lookup_ref(oci_ref) {
+            return Some(self.remember(oci_ref, name, &digest, rec));
+        }
+        let found = legacy::find(
+            &self.inner.settings.cache_dir,
+            oci_ref,
+            self.inner.settings.limit.entries,
+        )?;
+        let p = PreparedImage {
+            name: name.to_string(),
+            oci_ref: oci_ref.to_string(),
+            manifest_digest: String::new(),
+            rootfs: found.rootfs,
+            config: found.config,
+            source: ImageSource::Iii025Cache,
+        };
+        if let Ok(mut ready) = self.inner.ready.write() {
+            ready.insert(oci_ref.to_string(), p.clone());
+        }
+        Some(p)
     }
 
     pub(crate) fn remember(
@@ -175,6 +214,7 @@ impl ImageStore {
             manifest_digest: digest.to_string(),
             rootfs: self.inner.cache.root_dir(digest).join("rootfs"),
             config: rec.config,
+            source: ImageSource::Pulled,
         };
         if let Ok(mut ready) = self.inner.ready.write() {
             ready.insert(oci_ref.to_string(), p.clone());
