@@ -40,9 +40,26 @@ LAB_SCRATCH_DIR=$scratch LAB_ENV="VM_RUNNER_BIN VM_RUNNER_VSOCK_HELPER" \
   LAB_TIMEOUT=${LAB_TIMEOUT:-600} \
   "$here/lab.sh" -- "/tmp/vm-lab/bin/$(basename "$boot_test")" --test-threads=2 || lab_rc=$?
 
+# The same boot checks with the runner started as an ordinary user (how Compose runs the
+# adapter: /dev/kvm through its group, nothing else); the user is tests/e2e/ordinary-user.sh's.
+user_rc=0
+if id iii-sandbox >/dev/null 2>&1; then
+  log "lab run: the boot test again, the runner as the ordinary user iii-sandbox"
+  LAB_SCRATCH_DIR=$scratch LAB_ENV="VM_RUNNER_BIN VM_RUNNER_VSOCK_HELPER" \
+    VM_RUNNER_BIN=/tmp/vm-lab/bin/sandbox-libkrun-vm \
+    VM_RUNNER_VSOCK_HELPER=/tmp/vm-lab/bin/vsock-helper \
+    LAB_TIMEOUT=${LAB_TIMEOUT:-600} \
+    "$here/lab.sh" -- sh -c 'chgrp kvm /dev/kvm && chmod 0660 /dev/kvm &&
+      exec setpriv --reuid iii-sandbox --regid iii-sandbox --init-groups \
+        env HOME=/tmp VM_RUNNER_BIN="$VM_RUNNER_BIN" VM_RUNNER_VSOCK_HELPER="$VM_RUNNER_VSOCK_HELPER" \
+        "$0" --test-threads=2' "/tmp/vm-lab/bin/$(basename "$boot_test")" || user_rc=$?
+else
+  log "ordinary-user lab run DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
+fi
+
 log "libkrun plugin end to end in the lab (tests/vm-lab/libkrun-e2e.sh)"
 e2e_rc=0
 "$here/libkrun-e2e.sh" || e2e_rc=$?
 
-log "host tests exit $host_rc, lab boot tests exit $lab_rc, lab libkrun e2e exit $e2e_rc"
-[ "$host_rc" = 0 ] && [ "$lab_rc" = 0 ] && [ "$e2e_rc" = 0 ]
+log "host tests exit $host_rc, lab boot tests exit $lab_rc (as iii-sandbox: $user_rc), lab libkrun e2e exit $e2e_rc"
+[ "$host_rc" = 0 ] && [ "$lab_rc" = 0 ] && [ "$user_rc" = 0 ] && [ "$e2e_rc" = 0 ]
