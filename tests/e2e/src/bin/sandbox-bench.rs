@@ -142,7 +142,11 @@ impl Stack {
     }
 
     async fn create(&self) -> BenchResult<String> {
-        let answer = self.call("create", json!({"image": "python"})).await?;
+        self.create_with(json!({"image": "python"})).await
+    }
+
+    async fn create_with(&self, payload: Value) -> BenchResult<String> {
+        let answer = self.call("create", payload).await?;
         answer["sandbox_id"]
             .as_str()
             .map(String::from)
@@ -450,6 +454,14 @@ async fn bench(n: usize) -> BenchResult<()> {
         samples.add("fresh_py", start.elapsed());
         stack.stop(&id).await?;
 
+        // Egress: a network namespace with pasta and the policy, against `create` above.
+        let start = Instant::now();
+        let id = stack
+            .create_with(json!({"image": "python", "network": true}))
+            .await?;
+        samples.add("create_net", start.elapsed());
+        stack.stop(&id).await?;
+
         let start = Instant::now();
         let result = stack.call("run", run_payload.clone()).await?;
         if result["stdout"] != "42\n" {
@@ -496,6 +508,8 @@ async fn bench(n: usize) -> BenchResult<()> {
         }
     }
     let parallel = median(parallel);
+    let create_net = m("create_net");
+    let download = download_rows(&stack, (n / 5).max(3)).await?;
 
     let ratio = |a: Duration, b: Duration| format!("{:.2}x", ms(a) / ms(b).max(1e-6));
     let rows = vec![
@@ -553,7 +567,124 @@ async fn bench(n: usize) -> BenchResult<()> {
             ratio: ratio(parallel, create * PARALLEL as u32),
             breakdown: format!("{:.2} per sandbox", ms(parallel) / PARALLEL as f64),
         },
+        Row {
+            what: "create with network: true".into(),
+            median_ms: ms(create_net),
+            baseline: format!("create, network off {:.2} ms", ms(create)),
+            ratio: ratio(create_net, create),
+            breakdown: "pasta start + nftables policy + its readiness wait".into(),
+        },
     ];
+    let mut rows = rows;
+    rows.extend(download);
     print_table(n, &rows);
     Ok(())
+}
+
+/// Where the download row's server stands: a network namespace of the bench's own, at a
+/// "public" address, serving [`DOWNLOAD_MIB`] MiB to each connection.
+const DOWNLOAD_NS: &str = "iiibenchpub";
+const DOWNLOAD_ADDR: &str = "198.51.100.10";
+const DOWNLOAD_MIB: usize = 100;
+
+/// 100 MiB from the "public" test server: into a `network: true` sandbox (through pasta)
+/// against the same download by the host, interleaved. Empty when `ip netns` is unavailable.
+async fn download_rows(stack: &Stack, rounds: usize) -> BenchResult<Vec<Row>> {
+    let Some(_server) = DownloadServer::start() else {
+        println!("download row DID NOT RUN: needs `ip netns` (iproute2) and root");
+        return Ok(Vec::new());
+    };
+    let client = format!(
+        "import socket,time\ns=time.monotonic();c=socket.create_connection(('{DOWNLOAD_ADDR}',9000));n=0\n\
+         while True:\n d=c.recv(1<<20)\n if not d: break\n n+=len(d)\n\
+         assert n=={DOWNLOAD_MIB}<<20, n\nprint(time.monotonic()-s)"
+    );
+    let id = stack
+        .create_with(json!({"image": "python", "network": true}))
+        .await?;
+    let (mut host, mut sandbox) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let out = Command::new("python3")
+            .args(["-c", &client])
+            .output()
+            .map_err(|e| format!("download on the host: {e}"))?;
+        let seconds: f64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|_| format!("download on the host: {out:?}"))?;
+        host.push(Duration::from_secs_f64(seconds));
+        let result = stack.exec(&id, &["python3", "-c", &client]).await?;
+        let seconds: f64 = result["stdout"]
+            .as_str()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| format!("download in the sandbox: {result}"))?;
+        sandbox.push(Duration::from_secs_f64(seconds));
+    }
+    stack.stop(&id).await?;
+    let (host, sandbox) = (median(host), median(sandbox));
+    Ok(vec![Row {
+        what: format!("{DOWNLOAD_MIB} MiB from the \"public\" server"),
+        median_ms: ms(sandbox),
+        baseline: format!("the host's download {:.2} ms", ms(host)),
+        ratio: format!("{:.2}x", ms(sandbox) / ms(host).max(1e-6)),
+        breakdown: format!("through pasta, {rounds} rounds, each timed inside python3"),
+    }])
+}
+
+/// The namespace, its veth and the server; removed when dropped.
+struct DownloadServer(Child);
+
+impl DownloadServer {
+    fn start() -> Option<DownloadServer> {
+        let ip = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let _ = ip(&["netns", "del", DOWNLOAD_NS]);
+        let ok = ip(&["netns", "add", DOWNLOAD_NS])
+            && ip(&[
+                "link", "add", "iiibph", "type", "veth", "peer", "name", "iiibpn",
+            ])
+            && ip(&["link", "set", "iiibpn", "netns", DOWNLOAD_NS])
+            && ip(&["addr", "add", "198.51.100.1/24", "dev", "iiibph"])
+            && ip(&[
+                "-n",
+                DOWNLOAD_NS,
+                "addr",
+                "add",
+                "198.51.100.10/24",
+                "dev",
+                "iiibpn",
+            ])
+            && ip(&["link", "set", "iiibph", "up"])
+            && ip(&["-n", DOWNLOAD_NS, "link", "set", "iiibpn", "up"]);
+        if !ok {
+            let _ = ip(&["netns", "del", DOWNLOAD_NS]);
+            return None;
+        }
+        let server = format!(
+            "import socket\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('0.0.0.0',9000));s.listen(8);b=b'x'*(1<<20)\n\
+             while True:\n c,_=s.accept()\n for i in range({DOWNLOAD_MIB}): c.sendall(b)\n c.close()"
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", DOWNLOAD_NS, "python3", "-c", &server])
+            .spawn()
+            .ok()?;
+        std::thread::sleep(Duration::from_millis(500));
+        Some(DownloadServer(child))
+    }
+}
+
+impl Drop for DownloadServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = Command::new("ip")
+            .args(["netns", "del", DOWNLOAD_NS])
+            .status();
+    }
 }
