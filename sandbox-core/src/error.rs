@@ -113,8 +113,14 @@ impl SandboxError {
             } => {
                 body = body.with_fix(fix.clone(), note.clone());
             }
+            // The iii console reads a timed-out exec's partial output from `fix`; `output`
+            // stays for callers of earlier versions.
             SandboxError::ExecTimedOut { partial, .. } => {
-                body = body.with_output(partial.clone());
+                body = body.with_output(partial.clone()).with_fix(
+                    partial.clone(),
+                    "the output until the timeout, in the exec response's shape; each stream \
+                     keeps its head (the first 1 MiB) when it was cut",
+                );
             }
             _ => {}
         }
@@ -180,6 +186,7 @@ mod tests {
             partial: serde_json::json!({"stdout": "a"}),
         }
         .to_body();
+        assert_eq!(body.fix["stdout"], "a");
         assert_eq!(body.output.unwrap()["stdout"], "a");
         assert!(SandboxError::PullFailed("x".into()).to_body().retryable);
         assert!(!SandboxError::ImageTooLarge("x".into()).to_body().retryable);

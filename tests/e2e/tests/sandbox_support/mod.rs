@@ -243,6 +243,17 @@ pub async fn timeout_kills_the_grandchild(
     assert_eq!(code, "S200", "{body}");
     assert_eq!(body["output"]["stdout"], "started\n", "{body}");
     assert_eq!(body["output"]["timed_out"], true, "{body}");
+    // Where the iii console reads it: the exec response's shape in `fix`.
+    assert_eq!(body["fix"], body["output"], "{body}");
+    for key in [
+        "stderr",
+        "exit_code",
+        "duration_ms",
+        "success",
+        "stdout_truncated",
+    ] {
+        assert!(body["fix"].get(key).is_some(), "fix.{key}: {body}");
+    }
     let pid_file = exec_ok(stack, id, json!({"argv": ["cat", "/tmp/grandchild.pid"]})).await;
     let pid: u32 = stdout(&pid_file)
         .trim()
