@@ -171,7 +171,13 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let zombie = loop {
             let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-            if stat.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+            if stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .trim_start()
+                .starts_with('Z')
+            {
                 break true;
             }
             if std::time::Instant::now() > deadline {
