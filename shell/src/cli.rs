@@ -4,8 +4,22 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// Default plugin file, looked up next to the binary.
-pub const DEFAULT_PLUGIN_FILE: &str = "libplugin_libkrun.so";
+/// Default plugin, by name: `libplugin_libkrun.so`.
+pub const DEFAULT_PLUGIN: &str = "libkrun";
+
+/// The file of the plugin called `name` (`libkrun` -> `libplugin_libkrun.so`).
+pub fn plugin_file(name: &str) -> String {
+    format!("libplugin_{name}.so")
+}
+
+/// Which plugin to load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginChoice {
+    /// A plugin library by path.
+    File(PathBuf),
+    /// One of the plugins embedded in this binary, by name (`libkrun`, `bwrap`).
+    Embedded(String),
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,9 +28,12 @@ pub const DEFAULT_PLUGIN_FILE: &str = "libplugin_libkrun.so";
     about = "iii adapter worker running code sandboxes as libkrun microVMs"
 )]
 pub struct Args {
-    /// Plugin library to serve; default `libplugin_libkrun.so` next to this binary.
+    /// Plugin to serve: a bare name (`libkrun`, `bwrap`: no `/`, no `.`) selects one embedded
+    /// in this binary, anything else is a plugin library's path. Default: the embedded
+    /// `libkrun` when this build carries embedded plugins, else `libplugin_libkrun.so` next to
+    /// this binary.
     #[arg(long, env = "SANDBOX_LIBKRUN_PLUGIN")]
-    pub plugin: Option<PathBuf>,
+    pub plugin: Option<String>,
 
     /// Function id prefix; default the plugin's adapter name (so a development plugin can
     /// stand in for `sandbox-libkrun` with `--prefix sandbox-libkrun`).
@@ -45,14 +62,24 @@ pub struct Args {
 }
 
 impl Args {
-    pub fn plugin_path(&self) -> PathBuf {
-        if let Some(path) = &self.plugin {
-            return path.clone();
+    /// The plugin asked for; `embedded` says whether this build carries embedded files.
+    pub fn plugin_choice(&self, embedded: bool) -> PluginChoice {
+        match &self.plugin {
+            Some(value) if !value.is_empty() && !value.contains(['/', '.']) => {
+                PluginChoice::Embedded(value.clone())
+            }
+            Some(value) => PluginChoice::File(PathBuf::from(value)),
+            None if embedded => PluginChoice::Embedded(DEFAULT_PLUGIN.into()),
+            None => PluginChoice::File(
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|exe| {
+                        exe.parent()
+                            .map(|dir| dir.join(plugin_file(DEFAULT_PLUGIN)))
+                    })
+                    .unwrap_or_else(|| PathBuf::from(plugin_file(DEFAULT_PLUGIN))),
+            ),
         }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|dir| dir.join(DEFAULT_PLUGIN_FILE)))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_PLUGIN_FILE))
     }
 }
 
@@ -61,4 +88,40 @@ pub fn trace_payloads_disabled() -> bool {
     std::env::var("III_DISABLE_TRACE_PAYLOADS")
         .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(plugin: Option<&str>, embedded: bool) -> PluginChoice {
+        let mut argv = vec!["sandbox-libkrun"];
+        if let Some(p) = plugin {
+            argv.extend(["--plugin", p]);
+        }
+        Args::try_parse_from(argv).unwrap().plugin_choice(embedded)
+    }
+
+    #[test]
+    fn bare_names_select_embedded_plugins_and_paths_stay_paths() {
+        let embedded = |n: &str| PluginChoice::Embedded(n.into());
+        let file = |p: &str| PluginChoice::File(PathBuf::from(p));
+        assert_eq!(choice(Some("bwrap"), true), embedded("bwrap"));
+        assert_eq!(choice(Some("bwrap"), false), embedded("bwrap"));
+        assert_eq!(choice(Some("libkrun"), true), embedded("libkrun"));
+        assert_eq!(choice(Some("./x.so"), true), file("./x.so"));
+        assert_eq!(
+            choice(Some("libplugin_bwrap.so"), true),
+            file("libplugin_bwrap.so")
+        );
+        assert_eq!(
+            choice(Some("/opt/p/libplugin_bwrap.so"), false),
+            file("/opt/p/libplugin_bwrap.so")
+        );
+        assert_eq!(choice(None, true), embedded("libkrun"));
+        match choice(None, false) {
+            PluginChoice::File(path) => assert!(path.ends_with("libplugin_libkrun.so"), "{path:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -3,7 +3,10 @@
 //! It loads one plugin (a `cdylib` speaking `plugin-api`), connects to the engine with the
 //! official `iii-sdk`, reads the configuration once, and registers every function of the
 //! plugin's manifest as `<prefix>::<suffix>`. It knows nothing about sandboxes: the only
-//! policy it applies itself is the worker-token guard, before the plugin sees a call.
+//! policy it applies itself is the worker-token guard, before the plugin sees a call. A release
+//! build carries the default plugins and their helper programs as opaque embedded files
+//! (`bundle`), written on first use to `~/.iii/lib/sandbox-libkrun/<version>-<hash>/` and
+//! checked on every start.
 //!
 //! Exit codes: 0 stopped by a signal, 1 lost the engine before start-up finished, 2 a
 //! configuration or plugin problem, 3 the engine refused the worker's registration.
@@ -11,8 +14,10 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+mod bundle;
 mod cli;
 mod configuration;
+mod resolve;
 mod serve;
 mod services;
 mod startup;
@@ -24,6 +29,14 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = cli::Args::parse();
     init_tracing();
+    // Before the runtime: it may set environment variables for the plugin's helpers.
+    let plugin_path = match resolve::plugin_path(&args) {
+        Ok(path) => path,
+        Err(reason) => {
+            eprintln!("sandbox-libkrun: {reason}");
+            return ExitCode::from(startup::Exit::BadSetup as u8);
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -31,7 +44,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(startup::run(args));
+    let code = runtime.block_on(startup::run(args, plugin_path));
     // The SDK keeps background tasks; do not wait for them on the way out.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code.into()

@@ -32,7 +32,7 @@ fn fail(exit: Exit, message: impl std::fmt::Display) -> Exit {
     exit
 }
 
-pub async fn run(args: Args) -> Exit {
+pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
     if args
         .namespace
         .as_deref()
@@ -43,7 +43,6 @@ pub async fn run(args: Args) -> Exit {
             "III_NAMESPACE is set but blank: give it a name or unset it",
         );
     }
-    let plugin_path = args.plugin_path();
     let library = match PluginLibrary::load(&plugin_path) {
         Ok(library) => library,
         Err(e) => return fail(Exit::BadSetup, e),
