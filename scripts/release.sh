@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds the release archive iii's installer expects for a binary worker:
+#   OUT_DIR/sandbox-libkrun-<target>.tar.gz          one entry, `sandbox-libkrun` (mode 0755)
+#   OUT_DIR/sandbox-libkrun-<target>.tar.gz.sha256   `sha256sum` format
+#   OUT_DIR/sandbox-libkrun-<target>.sha256          the same line, under the name older
+#                                                    installers fetch (`<name>-<target>.sha256`)
+# The installer (iii-worker `binary_download.rs`) checks the archive's sha256, extracts only the
+# entry whose file name is the worker's name and installs it as ~/.iii/workers/sandbox-libkrun.
+# So that one file must be the whole adapter: the default plugins, the VM runner, the bwrap
+# launcher and the static agent are built first, then embedded into the shell (its build.rs
+# reads $SANDBOX_LIBKRUN_EMBED_DIR), which writes them on first use to
+# ~/.iii/lib/sandbox-libkrun/<version>-<hash>/.
+#
+# usage: scripts/release.sh OUT_DIR        (honours CARGO_TARGET_DIR; prints the archive's path)
+#
+# Targets. Only the host's is built, and only x86_64 Linux is done:
+#   x86_64-unknown-linux-gnu   this script, on an x86_64 Linux host.
+#   aarch64-unknown-linux-gnu  would need: the rust target (rustup target add), a cross C
+#                              toolchain (gcc-aarch64-linux-gnu: vm-runner's build.rs compiles
+#                              the static guest init with $CC, the agent links static glibc, so
+#                              libc6-dev-arm64-cross), CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER,
+#                              every cargo build below with --target and the artefacts taken from
+#                              target/aarch64-unknown-linux-gnu/release/; or simply an aarch64
+#                              Linux build machine, where this script runs as it is.
+#   aarch64-apple-darwin       would need: a macOS build machine (libkrun there runs on
+#                              Hypervisor.framework, with libkrunfw built for macOS); no bwrap
+#                              plugin (no bubblewrap on macOS) and the plugin named .dylib; the
+#                              guest agent still a static aarch64 *Linux* binary (it runs inside
+#                              the guest: a cross toolchain for aarch64-unknown-linux-musl);
+#                              and signing: the VM runner `sandbox-libkrun-vm` must carry the
+#                              com.apple.security.hypervisor entitlement (codesign
+#                              --entitlements ... --options runtime) *before* it is embedded,
+#                              since the signature lives inside the file and the shell refuses
+#                              an extracted file whose bytes differ from the embedded ones; the
+#                              shell itself signed with a Developer ID and notarised.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: scripts/release.sh OUT_DIR}
+case "$(uname -s)-$(uname -m)" in
+  Linux-x86_64) target=x86_64-unknown-linux-gnu ;;
+  Linux-aarch64) target=aarch64-unknown-linux-gnu ;;  # untested: see the comment above
+  *) echo "release.sh: no release build for $(uname -s) $(uname -m) yet (see the comment in this script)" >&2
+     exit 1 ;;
+esac
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+name=sandbox-libkrun
+archive=$name-$target.tar.gz
+
+# 1. The parts, in release mode (the shell last: it embeds them).
+cargo build --manifest-path "$root/Cargo.toml" --release \
+  -p plugin-libkrun -p plugin-bwrap -p vm-runner >&2
+agent=$(sh "$root/agent/build-static.sh")
+
+# 2. The files the shell embeds, staged under the names it extracts them as, with their debug
+#    information stripped (symbols kept, so backtraces still name functions: the release
+#    profile's line tables are ~90% of each file, 325 MB of 365). Copied only when changed:
+#    build.rs reruns on their mtimes, and an unchanged part should not relink the shell.
+embed=$target_dir/sandbox-libkrun-embed
+# Temporaries next to, not in, the directory: build.rs reruns on any change in it.
+scratch=$target_dir/sandbox-libkrun-embed.tmp
+mkdir -p "$embed" "$scratch"
+stage() {
+  local new=$scratch/$2.$$
+  strip --strip-debug -o "$new" "$1"
+  if cmp -s "$new" "$embed/$2"; then rm -f "$new"; else mv -f "$new" "$embed/$2"; fi
+}
+parts="libplugin_libkrun.so libplugin_bwrap.so sandbox-libkrun-vm sandbox-bwrap-launch"
+for f in $parts; do
+  stage "$target_dir/release/$f" "$f"
+done
+stage "$agent" sandbox-agent
+# Anything else in the directory would be embedded too.
+for f in "$embed"/*; do
+  case " $parts sandbox-agent " in
+    *" $(basename "$f") "*) ;;
+    *) rm -rf "$f" ;;
+  esac
+done
+
+# 3. The shell with them inside. The plugins find their helpers through these variables,
+#    which the shell points at the extracted files unless the operator set them.
+SANDBOX_LIBKRUN_EMBED_DIR=$embed \
+SANDBOX_LIBKRUN_EMBED_ENV="SANDBOX_AGENT_PATH=sandbox-agent,SANDBOX_LIBKRUN_VM=sandbox-libkrun-vm,SANDBOX_BWRAP_LAUNCH=sandbox-bwrap-launch" \
+  cargo build --manifest-path "$root/Cargo.toml" --release -p sandbox-libkrun >&2
+
+# 4. The archive: one regular file named after the worker, at the top, owned by root,
+#    reproducible (fixed mtime, no gzip timestamp).
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+tmp=$(mktemp -d "$out/.release.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+strip --strip-debug -o "$tmp/$name" "$target_dir/release/$name"
+chmod 0755 "$tmp/$name"
+mtime=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 0)}
+tar --format=gnu --owner=0 --group=0 --numeric-owner --mtime="@$mtime" \
+  -C "$tmp" -cf - "$name" | gzip -n > "$tmp/$archive"
+mv -f "$tmp/$archive" "$out/$archive"
+(cd "$out" && sha256sum "$archive" > "$archive.sha256.tmp" &&
+  cp "$archive.sha256.tmp" "$name-$target.sha256" && mv -f "$archive.sha256.tmp" "$archive.sha256")
+echo "$out/$archive"
