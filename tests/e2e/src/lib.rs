@@ -193,7 +193,26 @@ pub struct AdapterOptions {
     pub worker_name: String,
     pub config_name: String,
     pub env: Vec<(String, String)>,
+    /// A binary to run instead of the workspace's, as installed (see `InstalledBinary`).
+    pub installed: Option<InstalledBinary>,
 }
+
+/// An adapter binary run as Compose installs it: `--plugin <plugin_arg>` (e.g. a bare
+/// `bwrap`), and none of the helper variables (`SANDBOX_AGENT_PATH`, `SANDBOX_BWRAP_LAUNCH`,
+/// `SANDBOX_LIBKRUN_VM`, `SANDBOX_LIBKRUN_PLUGIN`) set by the harness or inherited.
+#[derive(Debug, Clone)]
+pub struct InstalledBinary {
+    pub binary: PathBuf,
+    pub plugin_arg: String,
+}
+
+/// The variables a self-contained binary sets for itself (see `InstalledBinary`).
+pub const HELPER_VARS: [&str; 4] = [
+    "SANDBOX_AGENT_PATH",
+    "SANDBOX_BWRAP_LAUNCH",
+    "SANDBOX_LIBKRUN_VM",
+    "SANDBOX_LIBKRUN_PLUGIN",
+];
 
 impl AdapterOptions {
     /// `<prefix>::adapter::info` for the prefix these options serve under.
@@ -214,6 +233,7 @@ impl Default for AdapterOptions {
             worker_name: "sandbox-libkrun".into(),
             config_name: "sandbox-libkrun".into(),
             env: Vec::new(),
+            installed: None,
         }
     }
 }
@@ -230,6 +250,10 @@ impl Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("adapter.log");
         let log_file = std::fs::File::create(&log).expect("adapter log");
+        let binary = options
+            .installed
+            .as_ref()
+            .map_or_else(adapter_bin, |installed| installed.binary.clone());
         let mut command = match adapter_user() {
             // setpriv execs the adapter: the child's pid is the adapter's.
             Some(user) => {
@@ -243,20 +267,31 @@ impl Adapter {
                         "--init-groups",
                     ])
                     .arg("--")
-                    .arg(adapter_bin())
+                    .arg(&binary)
                     .env("HOME", &user.home)
                     .env("USER", &user.name);
                 command
             }
-            None => Command::new(adapter_bin()),
+            None => Command::new(&binary),
         };
+        match &options.installed {
+            Some(installed) => {
+                command.arg("--plugin").arg(&installed.plugin_arg);
+                for var in HELPER_VARS {
+                    command.env_remove(var);
+                }
+            }
+            None => {
+                command
+                    .arg("--plugin")
+                    .arg(plugin_path(options.plugin))
+                    .env("SANDBOX_AGENT_PATH", agent_bin());
+            }
+        }
         command
-            .arg("--plugin")
-            .arg(plugin_path(options.plugin))
             .env("III_URL", engine_url)
             .env("III_WORKER_NAME", &options.worker_name)
             .env("III_CONFIG_NAME", &options.config_name)
-            .env("SANDBOX_AGENT_PATH", agent_bin())
             .env("RUST_LOG", "info")
             .env_remove("III_NAMESPACE")
             .env_remove("III_SANDBOX_WORKER_TOKEN")
