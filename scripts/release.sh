@@ -52,9 +52,9 @@ cargo build --manifest-path "$root/Cargo.toml" --release \
 agent=$(sh "$root/agent/build-static.sh")
 
 # 2. The files the shell embeds, staged under the names it extracts them as, with their debug
-#    information stripped (symbols kept, so backtraces still name functions: the release
-#    profile's line tables are ~90% of each file, 325 MB of 365). Copied only when changed:
-#    build.rs reruns on their mtimes, and an unchanged part should not relink the shell.
+#    information stripped (symbols kept, so backtraces still name functions; the release
+#    profile's line tables are most of each file: 284 MB of the parts' 326). Copied only when
+#    changed: build.rs reruns on their mtimes, and an unchanged part should not relink the shell.
 embed=$target_dir/sandbox-libkrun-embed
 # Temporaries next to, not in, the directory: build.rs reruns on any change in it.
 scratch=$target_dir/sandbox-libkrun-embed.tmp
