@@ -53,10 +53,10 @@ impl BwrapBackend {
         let probe = cgroup::Group::create();
         let limits_in_force = probe.enforceable();
         probe.remove_if_empty();
-        if limits_in_force.len() < 2 {
+        if limits_in_force.len() < 3 {
             tracing::warn!(
                 in_force = ?limits_in_force,
-                "no writable cgroup hierarchy for every limit: sandboxes' cpus and memory are not all enforced on this host"
+                "no writable cgroup hierarchy for every limit: sandboxes' cpus, memory and pids are not all enforced on this host"
             );
         }
         Self {

@@ -73,7 +73,10 @@ pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result
     // this process (its own pid namespace).
     nix::sys::prctl::set_dumpable(true)
         .map_err(|e| format!("cannot let pasta join the namespace: {e}"))?;
-    let mut argv = vec![log.to_string(), setup.pasta.clone()];
+    let ids = setup
+        .run_as
+        .map_or_else(String::new, |(uid, gid)| format!("{uid}:{gid}"));
+    let mut argv = vec![log.to_string(), ids, setup.pasta.clone()];
     argv.extend(setup.pasta_args.iter().cloned());
     argv.push(std::process::id().to_string());
     let message = argv.join("\0");
@@ -92,11 +95,9 @@ pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result
 }
 
 /// The starter's side: detaches from the agent's channel, waits for its command line
-/// (`log NUL pasta NUL args...`) and execs pasta. Returns only on failure.
+/// (`log NUL uid:gid-or-empty NUL pasta NUL args...`) and execs pasta. Returns only on
+/// failure.
 fn become_pasta(socket: OwnedFd) -> String {
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        return format!("cannot tie pasta to the sandbox: {e}");
-    }
     // stdin and stdout are the agent's channel: pasta must never hold them.
     let null = match File::options().read(true).write(true).open("/dev/null") {
         Ok(null) => null,
@@ -120,14 +121,37 @@ fn become_pasta(socket: OwnedFd) -> String {
     }
     let text = String::from_utf8_lossy(&buffer[..length]).into_owned();
     let mut argv = text.split('\0');
-    let (Some(log), Some(program)) = (argv.next(), argv.next()) else {
+    let (Some(log), Some(ids), Some(program)) = (argv.next(), argv.next(), argv.next()) else {
         return "a garbled command line".into();
     };
+    // Opened while still allowed to (a root adapter's log is root's).
     match File::options().append(true).open(log) {
         Ok(log) => {
             let _ = dup2(log.as_raw_fd(), 2);
         }
         Err(e) => return format!("cannot open the sandbox log {log}: {e}"),
+    }
+    // A root adapter's pasta becomes the sandbox's root host id itself, before exec: a
+    // change of credentials clears the parent-death signal, so pasta's own `--runas` would
+    // leave it running after the sandbox.
+    if let Some((uid, gid)) = ids.split_once(':') {
+        let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else {
+            return format!("bad ids {ids}");
+        };
+        let (uid, gid) = (
+            nix::unistd::Uid::from_raw(uid),
+            nix::unistd::Gid::from_raw(gid),
+        );
+        let dropped = nix::unistd::setgroups(&[])
+            .and_then(|()| nix::unistd::setresgid(gid, gid, gid))
+            .and_then(|()| nix::unistd::setresuid(uid, uid, uid));
+        if let Err(e) = dropped {
+            return format!("cannot become {ids}: {e}");
+        }
+    }
+    // Set after any change of credentials, which would clear it; kept across exec.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return format!("cannot tie pasta to the sandbox: {e}");
     }
     let error = Command::new(program).args(argv).env_clear().exec();
     format!("cannot start {program}: {error}")

@@ -33,11 +33,13 @@ pub struct NetworkSetup {
     pub pasta_args: Vec<String>,
     /// Ports pasta listens on inside the namespace once it is ready (the forwarded bus).
     pub forwarded_ports: Vec<u16>,
+    /// The host ids pasta runs as when the adapter is root (its starter drops to them).
+    pub run_as: Option<(u32, u32)>,
 }
 
 impl NetworkSetup {
     /// The setup for `egress`, denying the host's own addresses too. `run_as`: the host ids
-    /// pasta drops to when the adapter is root (the sandbox's root, which owns the sandbox's
+    /// pasta runs as when the adapter is root (the sandbox's root, which owns the sandbox's
     /// user namespace); an ordinary user's pasta keeps that user's.
     pub fn new(
         nft: String,
@@ -63,9 +65,6 @@ impl NetworkSetup {
         ]
         .map(String::from)
         .to_vec();
-        if let Some((uid, gid)) = run_as {
-            pasta_args.extend(["--runas".into(), format!("{uid}:{gid}")]);
-        }
         pasta_args.push("--tcp-ns".into());
         // The bus on the host's loopback: its one port, forwarded from the sandbox's own
         // loopback, so the guest's III_URL works and no other host port does.
@@ -79,6 +78,7 @@ impl NetworkSetup {
             pasta,
             pasta_args,
             forwarded_ports: bus_on_loopback.map(|bus| bus.port()).into_iter().collect(),
+            run_as,
         }
     }
 }
@@ -236,7 +236,7 @@ mod tests {
             &[],
             None,
         );
-        assert!(!remote.pasta_args.contains(&"--runas".to_string()));
+        assert_eq!(remote.run_as, None);
         let at = remote
             .pasta_args
             .iter()

@@ -216,6 +216,18 @@ async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
     for target in &targets[1..] {
         assert_refused(&results, target);
     }
+    // pasta ends with its sandbox (this file's tests run one at a time, and no other sandbox
+    // of this stack has network).
+    assert_eq!(
+        pasta_processes(),
+        1,
+        "one pasta for the one sandbox with network"
+    );
+    sandbox_support::stop(&stack, &on, true).await;
+    let gone =
+        sandbox_support::eventually(Duration::from_secs(5), || async { pasta_processes() == 0 })
+            .await;
+    assert!(gone, "pasta outlived its sandbox");
 
     let off = create(&stack, "python", json!({})).await;
     let results = probe(&stack, &off, &targets).await;
@@ -229,6 +241,19 @@ async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
         interfaces.len() == 1 && interfaces[0].starts_with("lo:"),
         "network off has only lo: {interfaces:?}"
     );
+}
+
+/// How many pasta processes run on this host.
+fn pasta_processes() -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| cmdline.starts_with(b"/usr/bin/pasta\0"))
+        })
+        .count()
 }
 
 /// An address of the host's own (not loopback): a sandbox must not reach host services
