@@ -28,7 +28,7 @@ const EMBEDDED: [&str; 5] = [
 /// The PATH the installed adapter gets: the system's programs (bwrap, pasta), none of ours.
 const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// `scripts/release.sh` into a directory kept for the test process; `None` (and why) where
+/// `scripts/release.sh` into a directory kept for the test process; `Err` (why) where
 /// this host cannot make the x86_64 Linux archive.
 fn release_archive() -> Result<&'static Path, String> {
     static ARCHIVE_DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -37,8 +37,8 @@ fn release_archive() -> Result<&'static Path, String> {
             if std::env::consts::ARCH != "x86_64" || std::env::consts::OS != "linux" {
                 return Err(format!("the release archive is built for {TARGET} only"));
             }
-            let dir = std::env::temp_dir()
-                .join(format!("sandbox-libkrun-release-{}", std::process::id()));
+            remove_stale_archive_dirs();
+            let dir = std::env::temp_dir().join(format!("{RELEASE_DIR}{}", std::process::id()));
             let started = Instant::now();
             let out = Command::new("bash")
                 .arg(repo_root().join("scripts/release.sh"))
@@ -60,6 +60,25 @@ fn release_archive() -> Result<&'static Path, String> {
         .as_ref()
         .map(PathBuf::as_path)
         .map_err(Clone::clone)
+}
+
+const RELEASE_DIR: &str = "sandbox-libkrun-release-";
+
+/// The archive directories of earlier test processes (a static is never dropped): removed
+/// once their process is gone.
+fn remove_stale_archive_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(RELEASE_DIR)) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Extracts the entry named `sandbox-libkrun` (and nothing else) into a fresh, empty
