@@ -480,3 +480,21 @@ pub fn bwrap_usable(test: &str) -> bool {
     }
     has_bwrap && userns
 }
+
+/// `text` without terminal colour sequences (`ESC [ ... m`), as the adapter's log has them.
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

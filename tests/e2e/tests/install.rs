@@ -12,7 +12,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use e2e_tests::{bwrap_usable, host_dir, repo_root, AdapterOptions, InstalledBinary, Stack};
+use e2e_tests::{
+    bwrap_usable, host_dir, repo_root, strip_ansi, AdapterOptions, InstalledBinary, Stack,
+};
 use serde_json::json;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -232,24 +234,6 @@ fn ready_line(log: &str) -> (bool, u64, u64) {
         field("replaced").parse().unwrap(),
         field("elapsed_ms").parse().unwrap(),
     )
-}
-
-/// The log without terminal colour sequences (`ESC [ ... m`).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Whether a child of the adapter runs `program` (the bwrap plugin keeps a launcher waiting).

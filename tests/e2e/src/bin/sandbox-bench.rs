@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use agent_proto::client::AgentClient;
 use agent_proto::ExecSpec;
-use e2e_tests::{config_with, shared_cache_dir, Client, PREFIX};
+use e2e_tests::{config_with, shared_cache_dir, strip_ansi, Client, PREFIX};
 use iii_test_engine::{Engine, EngineHandle};
 use serde_json::{json, Value};
 
@@ -202,23 +202,6 @@ fn logged_phases(log: &Path, message: &str, from: usize, keys: &[&str]) -> Vec<f
             values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
         })
         .collect()
-}
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn log_lines(log: &Path) -> usize {
