@@ -45,6 +45,8 @@ LAB_SCRATCH_DIR=$scratch LAB_ENV="VM_RUNNER_BIN VM_RUNNER_VSOCK_HELPER" \
 user_rc=0
 if id iii-sandbox >/dev/null 2>&1; then
   log "lab run: the boot test again, the runner as the ordinary user iii-sandbox"
+  # mktemp made the scratch directory 0700 for root: the user must reach the binaries.
+  chmod 0755 "$scratch" && chmod -R a+rX "$scratch"
   LAB_SCRATCH_DIR=$scratch LAB_ENV="VM_RUNNER_BIN VM_RUNNER_VSOCK_HELPER" \
     VM_RUNNER_BIN=/tmp/vm-lab/bin/sandbox-libkrun-vm \
     VM_RUNNER_VSOCK_HELPER=/tmp/vm-lab/bin/vsock-helper \
