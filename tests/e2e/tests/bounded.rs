@@ -12,7 +12,7 @@ mod sandbox_support;
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{create, exec, exec_ok, expect_err, sh, stdout, stop};
+use sandbox_support::{create, exec, exec_ok, expect_err, listed_serving, sh, stdout, stop};
 use serde_json::json;
 
 /// The limits the bwrap backend can enforce on this host (`cpus`, `memory`, `pids`).
@@ -220,15 +220,8 @@ async fn a_memory_bomb_dies_and_the_sandbox_keeps_serving() {
         after["stdout"], "ok\n",
         "the sandbox keeps serving: {after}"
     );
-    let list = stack.call("list", json!({})).await.expect("list");
-    assert!(
-        list["sandboxes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["sandbox_id"] == id.as_str() && s["stopped"] == false),
-        "{list}"
-    );
+    let (serving, list) = listed_serving(&stack, &id).await;
+    assert!(serving, "{list}");
     stop(&stack, &id, true).await;
 }
 
@@ -402,14 +395,7 @@ async fn bytes_written_into_the_agents_descriptors_cannot_break_the_link() {
         let next = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
         assert_eq!(next["stdout"], "ok\n", "{next}");
     }
-    let list = stack.call("list", json!({})).await.expect("list");
-    assert!(
-        list["sandboxes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["sandbox_id"] == id.as_str() && s["stopped"] == false),
-        "{list}"
-    );
+    let (serving, list) = listed_serving(&stack, &id).await;
+    assert!(serving, "{list}");
     stop(&stack, &id, true).await;
 }

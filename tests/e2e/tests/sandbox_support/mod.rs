@@ -74,6 +74,17 @@ pub async fn live_ids(stack: &Stack) -> Vec<String> {
         .collect()
 }
 
+/// Whether `list` shows sandbox `id` and not stopped; the list, for the failure message.
+pub async fn listed_serving(stack: &Stack, id: &str) -> (bool, Value) {
+    let list = stack.call("list", json!({})).await.expect("list");
+    let serving = list["sandboxes"]
+        .as_array()
+        .expect("list.sandboxes")
+        .iter()
+        .any(|s| s["sandbox_id"] == id && s["stopped"] == false);
+    (serving, list)
+}
+
 /// Polls `check` every 100 ms until it holds or `limit` passes; the final verdict.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
