@@ -17,6 +17,34 @@ pub struct ExecRequest {
     pub timeout_ms: u64,
     /// Bytes sent at most per output stream; the rest is drained and dropped.
     pub max_output_bytes: u64,
+    /// Flow control, only to an agent whose `Hello` lists [`FEATURE_EXEC_FLOW`]. When set,
+    /// the agent keeps at most this many cost units ([`flow_cost`]) of output sent but not
+    /// yet acknowledged by `OutputAck` (it stops reading the program's pipes meanwhile, so
+    /// the program blocks), and acknowledges each stdin chunk it has written to the program
+    /// with `StdinAck` (the host keeps at most a window of stdin in flight). Absent: no
+    /// acknowledgements either way, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_window: Option<u64>,
+}
+
+/// The `Hello` feature of an agent that honours [`ExecRequest::flow_window`] and knows the
+/// `OutputAck`/`StdinAck` frames. Hosts never send those to an agent without it.
+pub const FEATURE_EXEC_FLOW: &str = "exec_flow";
+
+/// Per-chunk overhead counted against a flow window, so a stream of tiny chunks is
+/// bounded in count as well as in bytes.
+pub const FLOW_CHUNK_OVERHEAD: u64 = 64;
+
+/// What one chunk of `len` payload bytes costs against a flow window.
+pub fn flow_cost(len: usize) -> u64 {
+    len as u64 + FLOW_CHUNK_OVERHEAD
+}
+
+/// Payload of `OutputAck` (host to agent: output consumed) and `StdinAck` (agent to host:
+/// stdin written to the program), in cost units ([`flow_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowAck {
+    pub bytes: u64,
 }
 
 /// The end of an exec (frame `ExecExit`), sent after both output streams are drained
@@ -80,6 +108,7 @@ impl ExecSpec {
             stdin: !self.stdin.is_empty(),
             timeout_ms: self.timeout_ms,
             max_output_bytes: self.max_output_bytes as u64,
+            flow_window: None,
         }
     }
 }

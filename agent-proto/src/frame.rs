@@ -48,11 +48,15 @@ pub enum Kind {
     Shutdown = 12,
     /// Empty, agent to host: shutdown done, the agent exits next.
     ShutdownAck = 13,
+    /// JSON [`crate::FlowAck`], host to agent: output of a flow-controlled exec consumed.
+    OutputAck = 14,
+    /// JSON [`crate::FlowAck`], agent to host: stdin of a flow-controlled exec written.
+    StdinAck = 15,
 }
 
 impl Kind {
     /// Every kind, in wire order (used by tests that pin the set).
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Hello,
         Kind::ExecStart,
         Kind::Stdin,
@@ -66,6 +70,8 @@ impl Kind {
         Kind::Error,
         Kind::Shutdown,
         Kind::ShutdownAck,
+        Kind::OutputAck,
+        Kind::StdinAck,
     ];
 
     fn from_wire(byte: u8) -> Option<Kind> {

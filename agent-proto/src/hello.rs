@@ -12,6 +12,11 @@ pub struct Hello {
     /// Free text naming the sender ("sandbox-agent 0.1.0"), for logs only.
     #[serde(default)]
     pub software: String,
+    /// Optional abilities beyond this version's base protocol (e.g.
+    /// [`crate::exec::FEATURE_EXEC_FLOW`]); a peer uses one only when the other lists it,
+    /// so older peers (which send none and ignore the field) keep working.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 impl Hello {
@@ -19,6 +24,12 @@ impl Hello {
         Hello {
             version: PROTOCOL_VERSION,
             software: software.into(),
+            features: Vec::new(),
         }
+    }
+
+    pub fn with_features(mut self, features: &[&str]) -> Hello {
+        self.features = features.iter().map(|f| f.to_string()).collect();
+        self
     }
 }

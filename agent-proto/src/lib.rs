@@ -11,6 +11,8 @@
 //! host (non-zero); an exec is `ExecStart` [+ `Stdin`...] and is answered by
 //! `Stdout`/`Stderr` chunks then exactly one `ExecExit` (or `Error`); an fs op is
 //! `FsRequest` [+ `Data`...] answered by [`Data`...] then `FsResponse` (or `Error`).
+//! An exec with a flow window (agents whose `Hello` lists `exec_flow`) also has
+//! `OutputAck` host to agent and `StdinAck` agent to host (see [`ExecRequest::flow_window`]).
 
 pub mod error;
 pub mod exec;
@@ -25,7 +27,10 @@ pub mod client;
 #[cfg(feature = "client")]
 pub use client::{AgentClient, AgentError};
 pub use error::{ErrorCode, RequestError};
-pub use exec::{ExecExit, ExecOutcome, ExecRequest, ExecSpec};
+pub use exec::{
+    flow_cost, ExecExit, ExecOutcome, ExecRequest, ExecSpec, FlowAck, FEATURE_EXEC_FLOW,
+    FLOW_CHUNK_OVERHEAD,
+};
 pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MAX_PAYLOAD};
 pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse};
 pub use hello::{Hello, PROTOCOL_VERSION};

@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::exec::{ExecExit, ExecRequest};
+use crate::exec::{ExecExit, ExecRequest, FlowAck};
 use crate::frame::{Frame, Kind, FLAG_BODY, FLAG_END};
 use crate::fs::{FsReply, FsRequest};
 use crate::{Hello, RequestError};
@@ -35,6 +35,9 @@ pub enum Message {
     Error(RequestError),
     Shutdown,
     ShutdownAck,
+    /// Only for execs started with a flow window (see [`ExecRequest::flow_window`]).
+    OutputAck(FlowAck),
+    StdinAck(FlowAck),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +76,8 @@ impl Message {
             Message::Error(m) => json(id, Kind::Error, &m)?,
             Message::Shutdown => Frame::new(id, Kind::Shutdown, Vec::new()),
             Message::ShutdownAck => Frame::new(id, Kind::ShutdownAck, Vec::new()),
+            Message::OutputAck(m) => json(id, Kind::OutputAck, &m)?,
+            Message::StdinAck(m) => json(id, Kind::StdinAck, &m)?,
         };
         Ok(frame)
     }
@@ -104,6 +109,8 @@ impl Message {
             Kind::Error => Message::Error(parse(&frame)?),
             Kind::Shutdown => empty(frame, Message::Shutdown)?,
             Kind::ShutdownAck => empty(frame, Message::ShutdownAck)?,
+            Kind::OutputAck => Message::OutputAck(parse(&frame)?),
+            Kind::StdinAck => Message::StdinAck(parse(&frame)?),
         };
         Ok(msg)
     }

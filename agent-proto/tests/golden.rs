@@ -24,6 +24,7 @@ fn samples() -> Vec<(&'static str, Message)> {
                 stdin: true,
                 timeout_ms: 1000,
                 max_output_bytes: 1048576,
+                flow_window: None,
             }),
         ),
         (
@@ -168,6 +169,26 @@ fn samples() -> Vec<(&'static str, Message)> {
         ),
         ("shutdown", Message::Shutdown),
         ("shutdown_ack", Message::ShutdownAck),
+        // Additions since version 1, negotiated through Hello's features: every line above
+        // is unchanged, so peers without them keep working.
+        (
+            "hello_features",
+            Message::Hello(Hello::new("test").with_features(&[FEATURE_EXEC_FLOW])),
+        ),
+        (
+            "exec_start_flow",
+            Message::ExecStart(ExecRequest {
+                argv: vec!["python3".into(), "-i".into()],
+                env: vec![],
+                workdir: None,
+                stdin: true,
+                timeout_ms: 0,
+                max_output_bytes: u64::MAX,
+                flow_window: Some(1048576),
+            }),
+        ),
+        ("output_ack", Message::OutputAck(FlowAck { bytes: 65600 })),
+        ("stdin_ack", Message::StdinAck(FlowAck { bytes: 66 })),
     ]
 }
 
@@ -251,5 +272,25 @@ fn every_kind_is_sampled() {
         .collect();
     for kind in Kind::ALL {
         assert!(kinds.contains(&kind), "{kind:?} has no golden sample");
+    }
+}
+
+#[test]
+fn version_1_peers_without_the_additions_still_decode() {
+    // A Hello without features (every agent before exec_flow) lists none.
+    let hello = Frame::new(
+        0,
+        Kind::Hello,
+        br#"{"version":1,"software":"old"}"#.to_vec(),
+    );
+    match Message::from_frame(hello).expect("decodes") {
+        Message::Hello(h) => assert!(h.features.is_empty() && h.version == PROTOCOL_VERSION),
+        other => panic!("{other:?}"),
+    }
+    // An ExecStart without flow_window is the unflowed exec it always was.
+    let start = br#"{"argv":["true"],"env":[],"workdir":null,"stdin":false,"timeout_ms":1,"max_output_bytes":1}"#;
+    match Message::from_frame(Frame::new(1, Kind::ExecStart, start.to_vec())).expect("decodes") {
+        Message::ExecStart(r) => assert_eq!(r.flow_window, None),
+        other => panic!("{other:?}"),
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::log::log;
@@ -16,6 +16,8 @@ pub struct ExecControl {
     /// Raw wait status, set by the reaper.
     status: Mutex<Option<libc::c_int>>,
     kill_requested: AtomicBool,
+    /// Output cost the host acknowledged (`OutputAck`), for a flow-controlled exec.
+    output_acked: AtomicU64,
     wake_read: OwnedFd,
     wake_write: OwnedFd,
 }
@@ -26,6 +28,7 @@ impl ExecControl {
         Ok(Arc::new(ExecControl {
             status: Mutex::new(None),
             kill_requested: AtomicBool::new(false),
+            output_acked: AtomicU64::new(0),
             wake_read,
             wake_write,
         }))
@@ -35,6 +38,16 @@ impl ExecControl {
     pub fn request_kill(&self) {
         self.kill_requested.store(true, Ordering::SeqCst);
         sys::write_byte(&self.wake_write);
+    }
+
+    /// The host consumed `cost` more of the exec's output: the pump may read on.
+    pub fn ack_output(&self, cost: u64) {
+        self.output_acked.fetch_add(cost, Ordering::SeqCst);
+        sys::write_byte(&self.wake_write);
+    }
+
+    pub fn output_acked(&self) -> u64 {
+        self.output_acked.load(Ordering::SeqCst)
     }
 
     pub fn kill_requested(&self) -> bool {

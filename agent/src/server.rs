@@ -6,7 +6,8 @@ use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 use agent_proto::{
-    ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, PROTOCOL_VERSION,
+    ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, FEATURE_EXEC_FLOW,
+    PROTOCOL_VERSION,
 };
 
 use crate::exec::{self, ExecContext, ExecHandle};
@@ -40,7 +41,8 @@ struct Server {
 
 pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
     let software = concat!("sandbox-agent ", env!("CARGO_PKG_VERSION"));
-    ctx.outbox.send(0, Message::Hello(Hello::new(software)));
+    let hello = Hello::new(software).with_features(&[FEATURE_EXEC_FLOW]);
+    ctx.outbox.send(0, Message::Hello(hello));
     if let Err(e) = handshake(reader, &ctx) {
         return e;
     }
@@ -103,6 +105,12 @@ impl Server {
                     if end {
                         handle.stdin = None;
                     }
+                }
+            }
+            Message::OutputAck(ack) => {
+                // An ack for an exec that has just ended is moot, not an error.
+                if let Some(handle) = lock(&self.execs).get(&id) {
+                    handle.control.ack_output(ack.bytes);
                 }
             }
             Message::ExecKill => {

@@ -2,6 +2,7 @@
 //! A background task reads frames and routes them to the waiting calls; when the
 //! stream breaks, every call in flight fails at once with `ConnectionLost`.
 
+mod flow;
 mod io;
 #[cfg(test)]
 mod tests;
@@ -19,6 +20,7 @@ use crate::{
     ExecExit, ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
     MessageError, RequestError, PROTOCOL_VERSION,
 };
+pub use flow::{FlowExec, FlowExit, FlowHandle};
 use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.
@@ -47,6 +49,9 @@ pub enum AgentError {
         "the request is {bytes} bytes as an agent frame, over the link's limit of {limit} bytes"
     )]
     TooLarge { bytes: usize, limit: usize },
+    /// The agent lacks what the call needs (an older agent); nothing was sent.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// One piece of an exec's output, as [`AgentClient::exec_streaming`] hands it on.
@@ -62,6 +67,8 @@ struct Inner {
     writer: tokio::sync::Mutex<BoxWriter>,
     waiters: Mutex<Waiters>,
     next_id: AtomicU32,
+    /// What the agent's `Hello` listed beyond the base protocol.
+    features: Vec<String>,
     /// Why the connection is gone, once it is (for [`AgentClient::closed`]).
     closed: watch::Sender<Option<String>>,
 }
@@ -107,8 +114,8 @@ impl AgentClient {
         let reply = io::read_frame(&mut reader)
             .await
             .map_err(|e| AgentError::Handshake(e.to_string()))?;
-        match Message::from_frame(reply) {
-            Ok(Message::Hello(peer)) if peer.version == PROTOCOL_VERSION => {}
+        let features = match Message::from_frame(reply) {
+            Ok(Message::Hello(peer)) if peer.version == PROTOCOL_VERSION => peer.features,
             Ok(Message::Hello(peer)) => {
                 return Err(AgentError::VersionMismatch {
                     ours: PROTOCOL_VERSION,
@@ -121,11 +128,12 @@ impl AgentClient {
                 )))
             }
             Err(e) => return Err(AgentError::Handshake(e.to_string())),
-        }
+        };
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(Box::new(writer)),
             waiters: Mutex::new(Waiters::default()),
             next_id: AtomicU32::new(1),
+            features,
             closed: watch::Sender::new(None),
         });
         tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));

@@ -2,9 +2,11 @@
 //! Output is capped here too, so the client never holds more than the caller allowed.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::client::flow::FlowState;
 use crate::client::{AgentError, OutputChunk};
 use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
 
@@ -25,6 +27,14 @@ pub(crate) struct StreamWaiter {
     pub reply: Reply<ExecExit>,
 }
 
+/// A flow-controlled exec (see `client::flow`): output to an unbounded sink, bounded by
+/// the agent's window, which is checked here.
+pub(crate) struct FlowWaiter {
+    pub sink: mpsc::UnboundedSender<OutputChunk>,
+    pub state: Arc<FlowState>,
+    pub reply: Reply<ExecExit>,
+}
+
 pub(crate) struct FsWaiter {
     pub data: Vec<u8>,
     pub cap: usize,
@@ -34,6 +44,7 @@ pub(crate) struct FsWaiter {
 pub(crate) enum Waiter {
     Exec(ExecWaiter),
     ExecStream(StreamWaiter),
+    ExecFlow(FlowWaiter),
     Fs(FsWaiter),
     Shutdown(Reply<()>),
 }
@@ -58,6 +69,10 @@ impl Waiter {
         match self {
             Waiter::Exec(w) => drop(w.reply.send(Err(err))),
             Waiter::ExecStream(w) => drop(w.reply.send(Err(err))),
+            Waiter::ExecFlow(w) => {
+                w.state.finish();
+                drop(w.reply.send(Err(err)));
+            }
             Waiter::Fs(w) => drop(w.reply.send(Err(err))),
             Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
         }
@@ -138,6 +153,20 @@ impl Waiters {
                     drop(w.reply.send(Ok(exit)));
                 }
             }
+            (Waiter::ExecFlow(_), Message::Stdout(data)) => {
+                self.flow_output(id, OutputChunk::Stdout(data))
+            }
+            (Waiter::ExecFlow(_), Message::Stderr(data)) => {
+                self.flow_output(id, OutputChunk::Stderr(data))
+            }
+            (Waiter::ExecFlow(w), Message::StdinAck(ack)) => w.state.stdin_written(ack.bytes),
+            (Waiter::ExecFlow(_), Message::ExecExit(exit)) => {
+                // Dropping the waiter drops its sink: the output ends after the last chunk.
+                if let Some(Waiter::ExecFlow(w)) = self.map.remove(&id) {
+                    w.state.finish();
+                    drop(w.reply.send(Ok(exit)));
+                }
+            }
             (Waiter::Fs(w), Message::Data { data, .. }) => {
                 let mut over = false;
                 append_capped(&mut w.data, &data, w.cap, &mut over);
@@ -178,6 +207,26 @@ impl Waiters {
             }
         }
         None
+    }
+}
+
+impl Waiters {
+    /// Hands a flow exec's chunk on, or fails the exec if the agent overran its window.
+    fn flow_output(&mut self, id: u32, chunk: OutputChunk) {
+        let Some(Waiter::ExecFlow(w)) = self.map.get(&id) else {
+            return;
+        };
+        let len = match &chunk {
+            OutputChunk::Stdout(d) | OutputChunk::Stderr(d) => d.len(),
+        };
+        if w.state.take_output(len) {
+            // A closed sink means the consumer stopped listening; the chunk is dropped.
+            let _ = w.sink.send(chunk);
+        } else if let Some(w) = self.map.remove(&id) {
+            w.fail(AgentError::Unexpected(
+                "the agent sent output past its flow window".into(),
+            ));
+        }
     }
 }
 

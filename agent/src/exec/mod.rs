@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_proto::{ExecExit, ExecRequest, Message};
+use agent_proto::{flow_cost, ExecExit, ExecRequest, FlowAck, Message};
 
 use crate::log::log;
 use crate::outbox::Outbox;
@@ -90,7 +90,9 @@ fn run(
         }
     };
     if let Some(stdin) = spawned.stdin {
-        feed_stdin(id, stdin, stdin_rx);
+        // With a flow window the host waits for acks before it sends more stdin.
+        let acks = req.flow_window.map(|_| ctx.outbox.clone());
+        feed_stdin(id, stdin, stdin_rx, acks);
     }
     // A deadline too far to represent is no deadline (never a panic on input).
     let deadline = (req.timeout_ms > 0)
@@ -103,6 +105,7 @@ fn run(
         outbox: &ctx.outbox,
         deadline,
         cap: req.max_output_bytes,
+        window: req.flow_window,
     };
     let drained = pump::drain(args, spawned.stdout, spawned.stderr);
     ctx.table.forget(spawned.pid);
@@ -112,13 +115,20 @@ fn run(
 
 /// Writes stdin chunks on a thread of their own, so a program that never reads its
 /// stdin blocks only that thread. Ends (closing stdin) when the host sends the last chunk.
-fn feed_stdin(id: u32, mut stdin: ChildStdin, chunks: Receiver<Vec<u8>>) {
+/// With `acks` (a flow-controlled exec) each chunk written is acknowledged with `StdinAck`.
+fn feed_stdin(id: u32, mut stdin: ChildStdin, chunks: Receiver<Vec<u8>>, acks: Option<Outbox>) {
     let spawned = std::thread::Builder::new()
         .name(format!("stdin-{id}"))
         .spawn(move || {
             for chunk in chunks {
                 if stdin.write_all(&chunk).is_err() {
                     return; // program closed its stdin or died
+                }
+                if let Some(outbox) = acks.as_ref().filter(|_| !chunk.is_empty()) {
+                    let ack = FlowAck {
+                        bytes: flow_cost(chunk.len()),
+                    };
+                    outbox.send(id, Message::StdinAck(ack));
                 }
             }
         });

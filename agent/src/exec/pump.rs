@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::process::{ChildStderr, ChildStdout};
 use std::time::{Duration, Instant};
 
-use agent_proto::{Message, CHUNK_SIZE};
+use agent_proto::{flow_cost, Message, CHUNK_SIZE, FLOW_CHUNK_OVERHEAD};
 
 use crate::outbox::Outbox;
 use crate::procs::ExecControl;
@@ -43,9 +43,22 @@ struct Stream<R> {
     stdout: bool,
 }
 
+/// What the pump may forward now.
+struct Forward<'a> {
+    /// Bytes per stream (the request's `max_output_bytes`).
+    cap: u64,
+    /// Flow window room left, when the exec has one (payload bytes, overhead taken off).
+    flow_room: Option<usize>,
+    /// Cost of everything forwarded under the flow window so far (both streams).
+    sent_cost: &'a mut u64,
+    id: u32,
+    outbox: &'a Outbox,
+}
+
 impl<R: Read + AsRawFd> Stream<R> {
-    /// Reads what is there; forwards it within the cap. Closes the stream on EOF/error.
-    fn pump(&mut self, buf: &mut [u8], cap: u64, id: u32, outbox: &Outbox) {
+    /// Reads what is there; forwards it within the cap and the flow window, counting the
+    /// rest as dropped. Closes the stream on EOF/error.
+    fn pump(&mut self, buf: &mut [u8], fwd: &mut Forward<'_>) {
         let Some(pipe) = self.pipe.as_mut() else {
             return;
         };
@@ -53,20 +66,24 @@ impl<R: Read + AsRawFd> Stream<R> {
             Ok(0) => self.pipe = None,
             Ok(n) => {
                 self.tally.total += n as u64;
-                let room = cap.saturating_sub(self.tally.sent) as usize;
-                let send = n.min(room);
+                let room = fwd.cap.saturating_sub(self.tally.sent) as usize;
+                let send = n.min(room).min(fwd.flow_room.unwrap_or(usize::MAX));
                 if send < n {
                     self.tally.truncated = true;
                 }
                 if send > 0 {
                     self.tally.sent += send as u64;
+                    if let Some(flow_room) = fwd.flow_room.as_mut() {
+                        *flow_room -= send;
+                        *fwd.sent_cost += flow_cost(send);
+                    }
                     let chunk = buf[..send].to_vec();
                     let msg = if self.stdout {
                         Message::Stdout(chunk)
                     } else {
                         Message::Stderr(chunk)
                     };
-                    outbox.send(id, msg);
+                    fwd.outbox.send(fwd.id, msg);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -82,6 +99,8 @@ pub struct PumpArgs<'a> {
     pub outbox: &'a Outbox,
     pub deadline: Option<Instant>,
     pub cap: u64,
+    /// The request's flow window: output unacknowledged by the host stays under it.
+    pub window: Option<u64>,
 }
 
 pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Drained {
@@ -108,6 +127,7 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Dr
     let mut status = None;
     let (mut timed_out, mut killed) = (false, false);
     let mut give_up_at: Option<Instant> = None;
+    let mut sent_cost = 0u64;
     loop {
         status = status.or_else(|| args.control.status());
         if out.pipe.is_none() && err.pipe.is_none() && status.is_some() {
@@ -133,9 +153,26 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Dr
             let left = t.saturating_duration_since(now).as_millis();
             (left.min(i32::MAX as u128) as i32).max(1)
         });
+        // Flow window: while the host has a window's worth unacknowledged the pipes are
+        // not read, so the program blocks on them. Once killing, everything is read and
+        // what does not fit is dropped, so the pipes close and the exec can end.
+        let flow_room = args.window.map(|window| {
+            let in_flight = sent_cost.saturating_sub(args.control.output_acked());
+            window
+                .saturating_sub(in_flight)
+                .saturating_sub(FLOW_CHUNK_OVERHEAD) as usize
+        });
+        let killing = give_up_at.is_some();
+        let pipes_polled = killing || flow_room != Some(0);
         let fds: Vec<_> = [
-            out.pipe.as_ref().map(|p| p.as_raw_fd()),
-            err.pipe.as_ref().map(|p| p.as_raw_fd()),
+            out.pipe
+                .as_ref()
+                .map(|p| p.as_raw_fd())
+                .filter(|_| pipes_polled),
+            err.pipe
+                .as_ref()
+                .map(|p| p.as_raw_fd())
+                .filter(|_| pipes_polled),
             Some(args.control.wake_fd()),
         ]
         .into_iter()
@@ -144,14 +181,31 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Dr
         let Ok(ready) = sys::poll_readable(&fds, timeout_ms) else {
             break;
         };
+        let mut fwd = Forward {
+            cap: args.cap,
+            flow_room,
+            sent_cost: &mut sent_cost,
+            id: args.id,
+            outbox: args.outbox,
+        };
         for (fd, is_ready) in fds.iter().zip(ready) {
             if !is_ready {
                 continue;
             }
+            // Read no more than the window has room for (the other stream may have used
+            // some of it in this round).
+            let len = match fwd.flow_room {
+                Some(room) if !killing => room.min(READ_SIZE),
+                _ => READ_SIZE,
+            };
             if out.pipe.as_ref().is_some_and(|p| p.as_raw_fd() == *fd) {
-                out.pump(&mut buf, args.cap, args.id, args.outbox);
+                if len > 0 {
+                    out.pump(&mut buf[..len], &mut fwd);
+                }
             } else if err.pipe.as_ref().is_some_and(|p| p.as_raw_fd() == *fd) {
-                err.pump(&mut buf, args.cap, args.id, args.outbox);
+                if len > 0 {
+                    err.pump(&mut buf[..len], &mut fwd);
+                }
             } else {
                 args.control.clear_wake();
             }
