@@ -58,6 +58,8 @@ pub struct Config {
     pub max_memory_mb: u32,
     /// The egress policy of sandboxes with `network: true` (`network_allow`, `network_deny`).
     pub egress: crate::network::Egress,
+    /// Image name -> how many sandboxes of it to keep booted and idle (see `warm_pool.rs`).
+    pub warm_pool: BTreeMap<String, usize>,
 }
 
 /// `max_pids_per_sandbox` when the configuration names none.
@@ -86,6 +88,7 @@ impl Default for Config {
             max_cpus: host_cpus().max(1),
             max_memory_mb: (host_memory_mb() / 2).max(512),
             egress: crate::network::Egress::default(),
+            warm_pool: BTreeMap::new(),
         }
     }
 }
@@ -139,6 +142,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "max_memory_mb",
     "network_allow",
     "network_deny",
+    "warm_pool",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -230,6 +234,10 @@ impl Config {
             }
         }
 
+        if let Some(value) = object.get("warm_pool") {
+            config.warm_pool = parse_warm_pool(value, config.max_concurrent_sandboxes)?;
+        }
+
         if let Some(name) = config
             .custom_images
             .keys()
@@ -308,6 +316,49 @@ impl Config {
     pub(crate) fn publish(&self) {
         PIDS_PER_SANDBOX.store(self.max_pids_per_sandbox, Ordering::Relaxed);
     }
+}
+
+/// `warm_pool`: `{image: count}`, each count a non-negative integer, all of them together at
+/// most `max_concurrent_sandboxes` (pooled sandboxes hold slots). Whether each image may boot
+/// is checked at start-up against the catalog (`warm_pool::check`).
+fn parse_warm_pool(value: &Value, cap: usize) -> Result<BTreeMap<String, usize>, ConfigError> {
+    let wrong = |key: String, reason: String| ConfigError::WrongType { key, reason };
+    let Value::Object(entries) = value else {
+        return Err(wrong(
+            "warm_pool".into(),
+            format!(
+                "expected an object {{image: count}}, got {}",
+                json_type_name(value)
+            ),
+        ));
+    };
+    let mut pool = BTreeMap::new();
+    for (image, count) in entries {
+        let key = format!("warm_pool.{image}");
+        if image.trim().is_empty() {
+            return Err(wrong(key, "the image name is empty".into()));
+        }
+        let count = count
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                wrong(
+                    key,
+                    format!("expected a non-negative integer count, got {count}"),
+                )
+            })?;
+        if count > 0 {
+            pool.insert(image.clone(), count);
+        }
+    }
+    let total: usize = pool.values().sum();
+    if total > cap {
+        return Err(wrong(
+            "warm_pool".into(),
+            format!("{total} sandboxes in all, above `max_concurrent_sandboxes` ({cap})"),
+        ));
+    }
+    Ok(pool)
 }
 
 /// Reads one key at a time so a type error names the key.
@@ -440,6 +491,27 @@ mod tests {
                 json!({"max_memory_mb": 256}),
                 "key `default_memory_mb`: 512 is above `max_memory_mb` (256)",
             ),
+            (
+                json!({"warm_pool": ["python"]}),
+                "key `warm_pool`: expected an object",
+            ),
+            (
+                json!({"warm_pool": {"python": -1}}),
+                "key `warm_pool.python`",
+            ),
+            (
+                json!({"warm_pool": {"python": 1.5}}),
+                "key `warm_pool.python`",
+            ),
+            (
+                json!({"warm_pool": {"python": "2"}}),
+                "key `warm_pool.python`",
+            ),
+            (json!({"warm_pool": {"": 1}}), "key `warm_pool.`"),
+            (
+                json!({"warm_pool": {"python": 2, "node": 2}, "max_concurrent_sandboxes": 3}),
+                "key `warm_pool`: 4 sandboxes in all, above `max_concurrent_sandboxes` (3)",
+            ),
         ];
         for (value, expected) in cases {
             let message = error_of(value.clone());
@@ -471,6 +543,22 @@ mod tests {
                 config.max_pids_per_sandbox
             ),
             (3, 700, 64)
+        );
+    }
+
+    #[test]
+    fn warm_pool_counts_are_kept_and_zero_counts_dropped() {
+        let config = Config::from_json(&json!({"warm_pool": {"python": 2, "node": 0}})).unwrap();
+        assert_eq!(
+            config.warm_pool,
+            BTreeMap::from([("python".to_string(), 2)])
+        );
+        let full =
+            Config::from_json(&json!({"warm_pool": {"python": 3}, "max_concurrent_sandboxes": 3}));
+        assert_eq!(
+            full.unwrap().warm_pool["python"],
+            3,
+            "the whole cap may be pooled"
         );
     }
 

@@ -219,6 +219,7 @@ fn list_response() -> Value {
                 }),
             )},
             "in_flight": count, "cap": count, "remaining": count, "reconciled": count,
+            "pooled": {"type": "integer", "minimum": 0, "description": "slots held by warm-pool sandboxes (not listed; they yield to a create)"},
         }),
     )
 }
@@ -272,6 +273,20 @@ fn info_response() -> Value {
                 "name": {"type": "string"},
                 "ready": {"type": "boolean"},
                 "reason": {"type": ["string", "null"]},
+            })),
+            "warm_pool": object(&["images"], json!({
+                "images": {"type": "object", "additionalProperties": object(&["target", "ready", "booting"], json!({
+                    "target": {"type": "integer", "minimum": 0},
+                    "ready": {"type": "integer", "minimum": 0},
+                    "booting": {"type": "integer", "minimum": 0},
+                    "last_error": {"type": ["string", "null"]},
+                }))},
+                "handed_out": {"type": "integer", "minimum": 0},
+                "evicted": {"type": "integer", "minimum": 0},
+            })),
+            "boots": object(&["on_create", "for_warm_pool"], json!({
+                "on_create": {"type": "integer", "minimum": 0},
+                "for_warm_pool": {"type": "integer", "minimum": 0},
             })),
         }),
     )

@@ -19,6 +19,7 @@
 //! | 5, host prerequisites | [`backend::Backend::probe`] |
 //! | 7, no orphans, reconciliation | `layer.rs` |
 //! | 7, idle reaping | `reaper.rs` |
+//! | warm pool (`warm_pool`, issue 13) | `warm_pool.rs` |
 //! | 6, worker VMs (`worker::*`) | [`ops::worker`] |
 
 #![forbid(unsafe_code)]
@@ -36,6 +37,7 @@ mod reaper;
 mod registry;
 pub mod remove_tree;
 pub mod request;
+mod warm_pool;
 
 pub use backend::{
     helper_program, log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess,

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::SandboxError;
 use crate::layer::StateDir;
 use crate::registry::Registry;
-use crate::{images, ops, reaper};
+use crate::{images, ops, reaper, warm_pool};
 
 /// Environment variable naming the static agent binary; default `sandbox-agent` next to the
 /// running executable.
@@ -35,6 +35,8 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) workers: ops::worker::Workers,
     /// The shell's services: engine channels for large `fs::read` / `fs::write` content.
     pub(crate) host: Host,
+    /// Sandboxes booted ahead of the creates that will take them (`warm_pool`).
+    pub(crate) pool: warm_pool::WarmPool,
 }
 
 impl<B: Backend> SandboxPlugin<B> {
@@ -52,6 +54,7 @@ impl<B: Backend> SandboxPlugin<B> {
         config.publish();
         let images =
             ImageStore::new(images::settings(&config)).map_err(|e| format!("image store: {e}"))?;
+        warm_pool::check(&config, &images)?;
         let state_dir = config
             .state_dir
             .clone()
@@ -69,6 +72,7 @@ impl<B: Backend> SandboxPlugin<B> {
             adapter,
             adapter_version,
             registry: Registry::new(config.max_concurrent_sandboxes),
+            pool: warm_pool::WarmPool::new(&config),
             config,
             backend,
             images,
@@ -79,6 +83,7 @@ impl<B: Backend> SandboxPlugin<B> {
             host,
         });
         reaper::spawn(Arc::downgrade(&plugin));
+        warm_pool::spawn(&plugin);
         ops::worker::restart_all(&plugin);
         Ok(plugin)
     }
@@ -123,7 +128,9 @@ impl<B: Backend> SandboxPlugin<B> {
                         .filter_map(|s| plugin.registry.take(s.id, true).ok().flatten());
                     let sandboxes = stops.map(|s| ops::stop::teardown(&plugin, s));
                     let workers = ops::worker::shutdown(&plugin);
-                    futures::future::join(futures::future::join_all(sandboxes), workers).await;
+                    let pool = warm_pool::shutdown(&plugin);
+                    futures::future::join3(futures::future::join_all(sandboxes), workers, pool)
+                        .await;
                 })
             });
         });

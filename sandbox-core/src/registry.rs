@@ -165,6 +165,8 @@ struct State {
     live: HashMap<Uuid, Arc<Sandbox>>,
     /// Creates that hold a slot but have not finished booting.
     creating: usize,
+    /// Slots held by the warm pool (sandboxes booting or waiting for a create; not in `live`).
+    pooled: usize,
     stopped: HashMap<Uuid, Ended>,
     stopped_order: VecDeque<Uuid>,
 }
@@ -222,6 +224,8 @@ impl Reservation<'_> {
 pub struct Occupancy {
     pub in_flight: usize,
     pub cap: usize,
+    /// Slots the warm pool holds (they yield to a create, see `warm_pool.rs`).
+    pub pooled: usize,
 }
 
 impl Registry {
@@ -239,7 +243,7 @@ impl Registry {
     /// Takes a slot for a new sandbox, or fails with S400 at `max_concurrent_sandboxes`.
     pub fn reserve(&self) -> Result<Reservation<'_>, SandboxError> {
         let mut state = self.state();
-        if state.live.len() + state.creating >= self.cap {
+        if state.live.len() + state.creating + state.pooled >= self.cap {
             return Err(SandboxError::ResourceLimit(format!(
                 "max_concurrent_sandboxes ({}) reached; stop a sandbox first",
                 self.cap
@@ -390,7 +394,45 @@ impl Registry {
         Occupancy {
             in_flight: state.live.len() + state.creating,
             cap: self.cap,
+            pooled: state.pooled,
         }
+    }
+
+    /// Takes a slot for the warm pool, if one is free.
+    pub fn hold_pool_slot(&self) -> bool {
+        let mut state = self.state();
+        if state.live.len() + state.creating + state.pooled >= self.cap {
+            return false;
+        }
+        state.pooled += 1;
+        true
+    }
+
+    /// Gives back a slot of the warm pool (its sandbox is gone, or its boot failed).
+    pub fn release_pool_slot(&self) {
+        let mut state = self.state();
+        state.pooled = state.pooled.saturating_sub(1);
+    }
+
+    /// A pooled sandbox's slot passed to a create (the pooled sandbox is being evicted).
+    pub fn pool_slot_for_create(&self) -> Reservation<'_> {
+        let mut state = self.state();
+        state.pooled = state.pooled.saturating_sub(1);
+        state.creating += 1;
+        Reservation {
+            registry: self,
+            settled: false,
+        }
+    }
+
+    /// A pooled sandbox handed out: it joins the live set with its slot, created (and idle
+    /// from) now.
+    pub fn adopt(&self, new: NewSandbox) -> Arc<Sandbox> {
+        let sandbox = Arc::new(Sandbox::new(new));
+        let mut state = self.state();
+        state.pooled = state.pooled.saturating_sub(1);
+        state.live.insert(sandbox.id, Arc::clone(&sandbox));
+        sandbox
     }
 }
 

@@ -1,4 +1,5 @@
-//! `create`: checks (caps, slots, image), boots the sandbox, waits for its agent.
+//! `create`: checks (caps, slots, image), then takes a sandbox from the warm pool when it can
+//! serve the request, else boots one and waits for its agent.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use crate::images;
 use crate::plugin::SandboxPlugin;
 use crate::registry::{NewSandbox, Sandbox};
 use crate::request::{env_pairs, parse};
+use crate::warm_pool;
 
 /// How long a booted sandbox may take to greet us (a microVM under emulation is slow).
 pub(crate) const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
@@ -89,6 +91,12 @@ pub async fn create_sandbox<B: Backend>(
         .check_allowed(&options.image)
         .map_err(images::error)?;
     check_host_can_boot(plugin)?;
+    // A create the warm pool can serve boots nothing: it takes a sandbox booted earlier.
+    if warm_pool::serves(config, &options) {
+        if let Some(pooled) = warm_pool::take(plugin, &options.image) {
+            return Ok(warm_pool::hand_out(plugin, pooled, options));
+        }
+    }
     let egress = match &options.network_policy {
         Some(policy) => config
             .egress
@@ -97,14 +105,73 @@ pub async fn create_sandbox<B: Backend>(
         None => config.egress.clone(),
     };
 
-    let reservation = plugin.registry.reserve()?;
+    let reservation = match plugin.registry.reserve() {
+        Ok(reservation) => reservation,
+        // Pooled sandboxes yield their slots to a create.
+        Err(full) => warm_pool::evict_for_create(plugin, &options.image)
+            .await
+            .ok_or(full)?,
+    };
+    let boot = Boot {
+        image: &options.image,
+        cpus,
+        memory_mb,
+        network: options.network,
+        egress,
+    };
+    let fresh = boot_sandbox(plugin, boot).await?;
+    plugin.pool.count_boot_on_create();
+    let Phases {
+        image_ms,
+        layer_ms,
+        boot_ms,
+        hello_ms,
+        ..
+    } = fresh.phases;
+    let sandbox = reservation.insert(new_sandbox(plugin, fresh, options));
+    // A sandbox whose agent goes away is stopped at once.
+    crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
+    // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
+    tracing::info!(
+        sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb,
+        image_ms, layer_ms, boot_ms, hello_ms, "sandbox created"
+    );
+    Ok(sandbox)
+}
+
+/// What decides how a sandbox boots (everything else of a create is host-side state).
+pub(crate) struct Boot<'a> {
+    pub image: &'a str,
+    pub cpus: u32,
+    pub memory_mb: u32,
+    pub network: bool,
+    pub egress: crate::network::Egress,
+}
+
+/// A sandbox booted and greeted by its agent, not yet in the registry.
+pub(crate) struct Fresh {
+    pub id: Uuid,
+    pub image: image_store::PreparedImage,
+    pub agent: AgentClient,
+    pub process: Box<dyn crate::backend::SandboxProcess>,
+    pub layer: std::path::PathBuf,
+    pub phases: Phases,
+}
+
+/// Pulls the image if needed, makes the layer, boots and waits for the agent's hello; on any
+/// failure nothing is left behind (process killed, layer removed). Holds no slot itself: the
+/// caller does.
+pub(crate) async fn boot_sandbox<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    boot: Boot<'_>,
+) -> Result<Fresh, SandboxError> {
     let mut phases = Phases::start();
     let image = plugin
         .images
-        .ensure(&options.image)
+        .ensure(boot.image)
         .await
         .map_err(images::error)?;
-    let image_ms = phases.lap();
+    phases.image_ms = phases.lap();
     let id = Uuid::new_v4();
     let layer = plugin
         .state
@@ -114,15 +181,17 @@ pub async fn create_sandbox<B: Backend>(
         sandbox_id: id.to_string(),
         image_root: image.rootfs.clone(),
         layer_dir: layer.clone(),
-        cpus,
-        memory_mb,
-        network: options.network,
-        egress,
+        cpus: boot.cpus,
+        memory_mb: boot.memory_mb,
+        pids: plugin.config.max_pids_per_sandbox,
+        disk_mb: plugin.config.default_disk_mb,
+        network: boot.network,
+        egress: boot.egress,
         agent_path: plugin.agent_path.clone(),
         mounts: Vec::new(),
         persistent_layer: false,
     };
-    let layer_ms = phases.lap();
+    phases.layer_ms = phases.lap();
     let booted = match plugin.backend.boot(&spec).await {
         Ok(booted) => booted,
         Err(e) => {
@@ -133,13 +202,13 @@ pub async fn create_sandbox<B: Backend>(
     if let Some(pid) = booted.process.pid() {
         plugin.state.record_process(&layer, pid);
     }
-    let boot_ms = phases.lap();
+    phases.boot_ms = phases.lap();
     let hello = tokio::time::timeout(
         AGENT_HELLO_TIMEOUT,
         AgentClient::connect(booted.reader, booted.writer),
     )
     .await;
-    let hello_ms = phases.lap();
+    phases.hello_ms = phases.lap();
     let agent = match hello {
         Ok(Ok(agent)) => agent,
         failure => {
@@ -156,8 +225,26 @@ pub async fn create_sandbox<B: Backend>(
             )));
         }
     };
+    Ok(Fresh {
+        id,
+        image,
+        agent,
+        process: booted.process,
+        layer,
+        phases,
+    })
+}
 
-    let mut env: Vec<(String, String)> = image
+/// The registry entry of a booted sandbox for the create that asked `options`: the image's
+/// environment then the create's, the image's working directory, the create's idle timeout.
+pub(crate) fn new_sandbox<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    fresh: Fresh,
+    options: CreateOptions,
+) -> NewSandbox {
+    let config = &plugin.config;
+    let mut env: Vec<(String, String)> = fresh
+        .image
         .config
         .env
         .iter()
@@ -165,30 +252,27 @@ pub async fn create_sandbox<B: Backend>(
         .map(|(k, v)| (k.into(), v.into()))
         .collect();
     env.extend(options.env);
-    let sandbox = reservation.insert(NewSandbox {
-        id,
+    NewSandbox {
+        id: fresh.id,
         name: options.name,
         image: options.image,
         env,
-        workdir: image.config.working_dir.clone().filter(|w| !w.is_empty()),
+        workdir: fresh
+            .image
+            .config
+            .working_dir
+            .clone()
+            .filter(|w| !w.is_empty()),
         idle_timeout: Duration::from_secs(
             options
                 .idle_timeout_secs
                 .unwrap_or(config.default_idle_timeout_secs),
         ),
         exec_cap: config.max_concurrent_exec_per_sandbox,
-        agent,
-        process: booted.process,
-        layer,
-    });
-    // A sandbox whose agent goes away is stopped at once.
-    crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
-    // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
-    tracing::info!(
-        sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb,
-        image_ms, layer_ms, boot_ms, hello_ms, "sandbox created"
-    );
-    Ok(sandbox)
+        agent: fresh.agent,
+        process: fresh.process,
+        layer: fresh.layer,
+    }
 }
 
 fn check_request(options: &CreateOptions, cpus: u32, memory_mb: u32) -> Result<(), SandboxError> {
@@ -252,19 +336,31 @@ pub(crate) fn check_image_caps<B: Backend>(
     Ok(())
 }
 
-/// Milliseconds spent in each phase of a create, for the log line that closes it.
-struct Phases(Instant);
+/// Milliseconds spent in each phase of a boot, for the log line that closes a create.
+pub(crate) struct Phases {
+    lap_start: Instant,
+    pub image_ms: f64,
+    pub layer_ms: f64,
+    pub boot_ms: f64,
+    pub hello_ms: f64,
+}
 
 impl Phases {
-    fn start() -> Self {
-        Self(Instant::now())
+    pub(crate) fn start() -> Self {
+        Self {
+            lap_start: Instant::now(),
+            image_ms: 0.0,
+            layer_ms: 0.0,
+            boot_ms: 0.0,
+            hello_ms: 0.0,
+        }
     }
 
     /// Milliseconds since the previous lap (two decimals), and starts the next.
     fn lap(&mut self) -> f64 {
         let now = Instant::now();
-        let ms = now.duration_since(self.0).as_secs_f64() * 1000.0;
-        self.0 = now;
+        let ms = now.duration_since(self.lap_start).as_secs_f64() * 1000.0;
+        self.lap_start = now;
         (ms * 100.0).round() / 100.0
     }
 }

@@ -21,6 +21,7 @@ pub const FEATURES: &[&str] = &[
     "reconcile",
     "worker_token_guard",
     "worker_vms",
+    "warm_pool",
 ];
 
 pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
@@ -36,5 +37,7 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
             "reason": probe.err().map(|e| e.to_string()),
             "isolation": plugin.backend.isolation(),
         },
+        "warm_pool": plugin.pool.status(),
+        "boots": plugin.pool.boots(),
     })
 }

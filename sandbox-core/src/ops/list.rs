@@ -1,6 +1,8 @@
 //! `list`: live sandboxes with their exec occupancy, then those whose agent died by itself
 //! (`stopped: true` and a `cause`, until a `stop` names them or their idle timeout passes;
-//! they hold no slot), and the adapter-wide slots.
+//! they hold no slot), and the adapter-wide slots. Warm-pool sandboxes are not listed: they
+//! are nobody's yet; `pooled` counts the slots they hold, which yield to a create, so
+//! `remaining` leaves them out.
 
 use std::time::SystemTime;
 
@@ -48,6 +50,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
         "in_flight": occupancy.in_flight,
         "cap": occupancy.cap,
         "remaining": occupancy.cap.saturating_sub(occupancy.in_flight),
+        "pooled": occupancy.pooled,
         "reconciled": plugin.reconciled,
     })
 }
