@@ -153,6 +153,8 @@ fn exec_request() -> Value {
             "env": env_schema(),
             "timeout_ms": {"type": "integer", "minimum": 1, "default": 300000},
             "workdir": {"type": "string"},
+            "stream": crate::ops::stream::schema("write"),
+            "stdin_stream": crate::ops::stream::schema("read"),
         }),
     )
 }
@@ -251,6 +253,8 @@ fn run_request() -> Value {
             "stdin": {"type": "string", "contentEncoding": "base64"},
             "timeout_ms": {"type": "integer", "minimum": 1},
             "keep_sandbox": {"type": "boolean", "default": false},
+            "stream": crate::ops::stream::schema("write"),
+            "stdin_stream": crate::ops::stream::schema("read"),
         }),
     )
 }

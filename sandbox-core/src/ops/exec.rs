@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::backend::Backend;
 use crate::error::SandboxError;
+use crate::ops::stream::{self, StreamRefs};
 use crate::plugin::SandboxPlugin;
 use crate::registry::Sandbox;
 use crate::request::{command, env_pairs, parse, sandbox_id, stdin_bytes};
@@ -30,6 +31,10 @@ struct ExecRequest {
     env: Option<Value>,
     timeout_ms: Option<u64>,
     workdir: Option<String>,
+    /// Write end of a caller's channel: the output streamed as NDJSON (see `ops::stream`).
+    stream: Option<Value>,
+    /// Read end of a caller's channel: the program's stdin as it arrives.
+    stdin_stream: Option<Value>,
 }
 
 /// One program to run; shared by `exec` and `run`.
@@ -40,6 +45,8 @@ pub struct ExecInput {
     pub stdin: Vec<u8>,
     pub timeout_ms: Option<u64>,
     pub workdir: Option<String>,
+    /// The caller's channels, when the exec is streamed.
+    pub streams: StreamRefs,
 }
 
 pub async fn exec<B: Backend>(
@@ -54,6 +61,11 @@ pub async fn exec<B: Backend>(
         stdin: stdin_bytes(request.stdin.as_deref())?,
         timeout_ms: request.timeout_ms,
         workdir: request.workdir,
+        streams: streams(
+            request.stream,
+            request.stdin_stream,
+            request.stdin.is_some(),
+        )?,
     };
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
     run_in(plugin, &sandbox, input).await
@@ -79,6 +91,16 @@ pub async fn run_in<B: Backend>(
         timeout_ms,
         max_output_bytes: OUTPUT_CAP,
     };
+    if input.streams.any() {
+        let engine_url = plugin.host.engine_url().ok_or_else(|| {
+            SandboxError::Unsupported(
+                "`stream` and `stdin_stream` need the engine connection of the shell, and \
+                 this plugin runs without one"
+                    .into(),
+            )
+        })?;
+        return stream::run(&engine_url, sandbox, spec, input.streams).await;
+    }
     let outcome = match sandbox.agent.exec(spec).await {
         Ok(outcome) => outcome,
         Err(e) => return Err(agent_failure(sandbox, e).await),
@@ -93,6 +115,21 @@ pub async fn run_in<B: Backend>(
     Ok(result)
 }
 
+/// The `stream`/`stdin_stream` fields of `exec` and `run` (S001 when malformed, or when
+/// `stdin` and `stdin_stream` are both given).
+pub fn streams(
+    stream: Option<Value>,
+    stdin_stream: Option<Value>,
+    has_stdin: bool,
+) -> Result<StreamRefs, SandboxError> {
+    if has_stdin && stdin_stream.is_some() {
+        return Err(SandboxError::InvalidRequest(
+            "give `stdin` or `stdin_stream`, not both".into(),
+        ));
+    }
+    StreamRefs::parse(stream, stdin_stream)
+}
+
 fn clamp_timeout(requested: Option<u64>, ceiling: u64) -> Result<u64, SandboxError> {
     match requested {
         Some(0) => Err(SandboxError::InvalidRequest(
@@ -103,7 +140,7 @@ fn clamp_timeout(requested: Option<u64>, ceiling: u64) -> Result<u64, SandboxErr
     }
 }
 
-fn result_json(outcome: &ExecOutcome) -> Value {
+pub(crate) fn result_json(outcome: &ExecOutcome) -> Value {
     json!({
         "stdout": String::from_utf8_lossy(&outcome.stdout),
         "stderr": String::from_utf8_lossy(&outcome.stderr),

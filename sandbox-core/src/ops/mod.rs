@@ -8,6 +8,7 @@ pub mod info;
 pub mod list;
 pub mod run;
 pub mod stop;
+pub mod stream;
 pub mod worker;
 
 use agent_proto::FsError;

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::backend::Backend;
 use crate::error::SandboxError;
 use crate::ops::create::{create_sandbox, CreateOptions};
-use crate::ops::exec::{agent_failure, run_in, ExecInput};
+use crate::ops::exec::{agent_failure, run_in, streams, ExecInput};
 use crate::ops::stop::teardown;
 use crate::plugin::SandboxPlugin;
 use crate::registry::Sandbox;
@@ -29,6 +29,9 @@ struct RunRequest {
     timeout_ms: Option<u64>,
     #[serde(default)]
     keep_sandbox: bool,
+    /// As `exec`'s: the program's output streamed into the caller's channel.
+    stream: Option<Value>,
+    stdin_stream: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,6 +62,11 @@ pub async fn run<B: Backend>(
     let (program, file_name) = interpreter(&request.lang)?;
     let env = env_pairs(request.env)?;
     let stdin = stdin_bytes(request.stdin.as_deref())?;
+    let streams = streams(
+        request.stream,
+        request.stdin_stream,
+        request.stdin.is_some(),
+    )?;
     let files = request.files.unwrap_or_default();
     let files: Vec<(String, String)> = files
         .into_iter()
@@ -88,6 +96,7 @@ pub async fn run<B: Backend>(
             stdin,
             timeout_ms: request.timeout_ms,
             workdir: Some(RUN_DIR.to_string()),
+            streams,
             ..Default::default()
         };
         run_in(plugin, &sandbox, input).await
