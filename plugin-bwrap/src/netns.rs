@@ -1,5 +1,6 @@
 //! The launcher's side of a sandbox's egress (see `network.rs`): a new network namespace,
-//! its loopback up, the policy loaded, and pasta attached to it from the host's namespace.
+//! its loopback up, the policy loaded, the resolver proxy (`dns.rs`) listening in it from a
+//! process of the host's namespace, and pasta attached to it from the host's namespace.
 //! Runs in the launcher only, single-threaded.
 
 // Bringing an interface up is an ioctl nix does not wrap.
@@ -14,11 +15,15 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::Signal;
-use nix::sys::socket::{recvmsg, sendmsg, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{dup2, fork, ForkResult, Pid};
 
-use crate::network::NetworkSetup;
+use crate::dns::Listeners;
+use crate::network::{NetworkSetup, DNS_PROXY_PORT};
 
 /// How long pasta gets to configure the namespace.
 const PASTA_READY: Duration = Duration::from_secs(10);
@@ -61,13 +66,20 @@ impl PastaStarter {
 }
 
 /// Moves the caller (the launcher, inside the sandbox's user namespace) into a new network
-/// namespace with `setup`'s policy loaded and pasta attached; returns once the namespace has
-/// its default route. Failures name their cause.
+/// namespace with `setup`'s policy loaded, the resolver proxy serving and pasta attached;
+/// returns once the namespace has its default route. Failures name their cause.
 pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result<(), String> {
+    // Forked while this process is still in the host's network namespace, where the proxy's
+    // own sockets to the resolvers are then made (the sandbox's policy never judges them).
+    let proxy =
+        DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("cannot make the sandbox's network namespace: {e}"))?;
     loopback_up().map_err(|e| format!("cannot bring the sandbox's loopback up: {e}"))?;
+    // Bound before the sandbox exists: nothing of its own can take the port first.
+    let listeners = dns_listeners()?;
     load_rules(setup)?;
+    proxy.hand_over(listeners)?;
     // pasta, as this process's host uid, opens /proc/<us>/ns/*: entering the sandbox's user
     // namespace made us non-dumpable, which would refuse it. Nothing in the sandbox can see
     // this process (its own pid namespace).
@@ -155,6 +167,176 @@ fn become_pasta(socket: OwnedFd) -> String {
     }
     let error = Command::new(program).args(argv).env_clear().exec();
     format!("cannot start {program}: {error}")
+}
+
+/// The resolver proxy's process, forked before the sandbox's network namespace exists and
+/// waiting for its listening sockets. Dropped unused, it exits.
+struct DnsProxy {
+    socket: OwnedFd,
+}
+
+/// What the proxy's process calls itself (`/proc/PID/comm`).
+pub const DNS_PROXY_NAME: &str = "iii-dns-proxy";
+
+impl DnsProxy {
+    /// Call while single-threaded (it forks).
+    fn fork(setup: &NetworkSetup) -> io::Result<DnsProxy> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let parent = nix::unistd::getpid();
+        // SAFETY: the launcher is single-threaded; the child starts its own runtime from
+        // scratch and never returns into the launcher's code.
+        match unsafe { fork() }? {
+            ForkResult::Child => {
+                drop(ours);
+                let error = become_dns_proxy(theirs, parent, setup);
+                eprintln!("sandbox-bwrap-launch: dns: {error}");
+                // SAFETY: _exit ends the forked child without the parent's destructors.
+                unsafe { libc::_exit(1) }
+            }
+            ForkResult::Parent { .. } => Ok(DnsProxy { socket: ours }),
+        }
+    }
+
+    /// Sends the proxy its listening sockets and this (the sandbox's) network namespace.
+    fn hand_over(self, listeners: Listeners) -> Result<(), String> {
+        let netns = File::open("/proc/self/ns/net")
+            .map_err(|e| format!("cannot name the sandbox's network namespace: {e}"))?;
+        let mut kinds = Vec::new();
+        let mut fds = Vec::new();
+        for udp in &listeners.udp {
+            kinds.push(b'u');
+            fds.push(udp.as_raw_fd());
+        }
+        for tcp in &listeners.tcp {
+            kinds.push(b't');
+            fds.push(tcp.as_raw_fd());
+        }
+        kinds.push(b'n');
+        fds.push(netns.as_raw_fd());
+        sendmsg::<()>(
+            self.socket.as_raw_fd(),
+            &[IoSlice::new(&kinds)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| format!("cannot start the resolver proxy: {e}"))?;
+        // Ours are closed here: the sandbox (bwrap is exec'd next) never holds them.
+        Ok(())
+    }
+}
+
+/// The proxy's sockets in the sandbox's namespace: udp and tcp on 127.0.0.1 and ::1 (the
+/// latter only where the namespace has IPv6).
+fn dns_listeners() -> Result<Listeners, String> {
+    let v4 = (std::net::Ipv4Addr::LOCALHOST, DNS_PROXY_PORT);
+    let v6 = (std::net::Ipv6Addr::LOCALHOST, DNS_PROXY_PORT);
+    let bound = |e: io::Error| format!("cannot listen for the sandbox's DNS: {e}");
+    let mut listeners = Listeners {
+        udp: vec![std::net::UdpSocket::bind(v4).map_err(bound)?],
+        tcp: vec![std::net::TcpListener::bind(v4).map_err(bound)?],
+    };
+    if let (Ok(udp), Ok(tcp)) = (
+        std::net::UdpSocket::bind(v6),
+        std::net::TcpListener::bind(v6),
+    ) {
+        listeners.udp.push(udp);
+        listeners.tcp.push(tcp);
+    }
+    Ok(listeners)
+}
+
+/// The proxy's side: tied to the launcher's life, detached from the agent's channel, out of
+/// reach of the sandbox's processes; waits for its sockets, then serves. Returns only on
+/// failure.
+fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> String {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return format!("cannot tie the resolver proxy to the sandbox: {e}");
+    }
+    if nix::unistd::getppid() != parent {
+        return "the launcher is gone".into();
+    }
+    // Not traceable, not dumpable, even by the sandbox's root (it cannot see our pid anyway).
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(DNS_PROXY_NAME).unwrap_or_default());
+    // stdin and stdout are the agent's channel: never ours.
+    let null = match File::options().read(true).write(true).open("/dev/null") {
+        Ok(null) => null,
+        Err(e) => return format!("cannot open /dev/null: {e}"),
+    };
+    for fd in [0, 1] {
+        if let Err(e) = dup2(null.as_raw_fd(), fd) {
+            return format!("cannot detach from the agent's channel: {e}");
+        }
+    }
+    drop(null);
+    // Nothing else of the launcher's (pasta's starter, the layers) stays open here.
+    if let Err(e) = dup2(socket.as_raw_fd(), 3) {
+        return format!("cannot keep the launcher's socket: {e}");
+    }
+    std::mem::forget(socket);
+    // SAFETY: close_range only closes descriptors; none above 3 is used by this process.
+    unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
+    // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
+    let socket = unsafe { OwnedFd::from_raw_fd(3) };
+    let mut kinds = [0u8; 16];
+    let mut iov = [IoSliceMut::new(&mut kinds)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 16]);
+    let (length, fds) = match recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    ) {
+        Ok(message) => {
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = message.cmsgs() {
+                for cmsg in cmsgs {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        // SAFETY: the kernel just gave us these descriptors; nothing else
+                        // owns them.
+                        fds.extend(
+                            received
+                                .into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+            }
+            (message.bytes, fds)
+        }
+        Err(e) => return format!("no word from the launcher: {e}"),
+    };
+    if length == 0 {
+        // The launcher failed before the network was up, and said why.
+        // SAFETY: _exit ends the forked child without the parent's destructors.
+        unsafe { libc::_exit(0) }
+    }
+    if fds.len() != length {
+        return "a garbled hand-over".into();
+    }
+    let mut listeners = Listeners {
+        udp: Vec::new(),
+        tcp: Vec::new(),
+    };
+    let mut netns = None;
+    for (kind, fd) in kinds[..length].iter().zip(fds) {
+        match kind {
+            b'u' => listeners.udp.push(std::net::UdpSocket::from(fd)),
+            b't' => listeners.tcp.push(std::net::TcpListener::from(fd)),
+            b'n' => netns = Some(fd),
+            _ => return "a garbled hand-over".into(),
+        }
+    }
+    let Some(netns) = netns else {
+        return "no network namespace in the hand-over".into();
+    };
+    crate::dns::serve(listeners, netns, setup.nft.clone(), setup.dns.clone())
 }
 
 fn load_rules(setup: &NetworkSetup) -> Result<(), String> {

@@ -9,8 +9,11 @@
 //! at once (a TCP reset, an ICMP unreachable: never a hang), and costs nothing per packet
 //! that pasta would not pay anyway.
 //!
-//! DNS: the sandbox's `/etc/resolv.conf` names [`DNS_FORWARD`], which pasta forwards to the
-//! host's resolver; the names it resolves are then judged by address like anything else.
+//! DNS: every query the sandbox sends (udp or tcp, port 53, to any address) is redirected to
+//! the sandbox's resolver proxy (`dns.rs`), which asks the host's resolvers and, for a name in
+//! `allow` or `deny`, puts the answered addresses in this ruleset's sets before the sandbox
+//! sees the answer. The sandbox's `/etc/resolv.conf` names [`DNS_FORWARD`], which is only a
+//! name: nothing answers there but the redirect.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -19,8 +22,64 @@ use ipnet::IpNet;
 use sandbox_core::network::{default_denied, Egress};
 use serde::{Deserialize, Serialize};
 
-/// The resolver address a sandbox sees; pasta answers it with the host's resolver.
+/// The resolver address a sandbox sees (its queries to any address go to the proxy).
 pub const DNS_FORWARD: &str = "169.254.1.53";
+/// Where the proxy listens inside the sandbox's namespace (127.0.0.1 and ::1), the target
+/// of the redirect.
+pub const DNS_PROXY_PORT: u16 = 53;
+/// The ruleset's table, and its sets of the addresses names resolved to.
+pub const TABLE: &str = "inet iii_egress";
+pub const ALLOW_V4: &str = "allow_names_v4";
+pub const ALLOW_V6: &str = "allow_names_v6";
+pub const DENY_V4: &str = "deny_names_v4";
+pub const DENY_V6: &str = "deny_names_v6";
+/// Elements one of those sets holds at most (the proxy refuses an answer past it).
+pub const SET_SIZE: usize = 4096;
+
+/// What the sandbox's resolver proxy needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsSetup {
+    /// The resolvers it asks, in order.
+    pub upstream: Vec<SocketAddr>,
+    /// Names (and `*.` patterns) whose answers fill the allow and deny sets.
+    pub allow_names: Vec<String>,
+    pub deny_names: Vec<String>,
+    /// See [`Egress::names_within_defaults`].
+    pub names_within_defaults: bool,
+}
+
+impl DnsSetup {
+    /// `egress`'s names, asking `network_dns` if set, else the host's resolvers.
+    pub fn new(egress: &Egress) -> Self {
+        let upstream = if egress.dns.0.is_empty() {
+            std::fs::read_to_string("/etc/resolv.conf")
+                .map(|text| resolv_conf_servers(&text))
+                .unwrap_or_default()
+        } else {
+            egress.dns.0.clone()
+        };
+        DnsSetup {
+            upstream,
+            allow_names: egress.allow.names.clone(),
+            deny_names: egress.deny.names.clone(),
+            names_within_defaults: egress.names_within_defaults,
+        }
+    }
+}
+
+/// The `nameserver` lines of a resolv.conf (at most three, as glibc reads them).
+pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("nameserver")).then_some(())?;
+            // A scoped IPv6 address (fe80::1%eth0) names no interface we could use here.
+            words.next()?.parse::<IpAddr>().ok()
+        })
+        .map(|ip| SocketAddr::new(ip, 53))
+        .take(3)
+        .collect()
+}
 
 /// What the launcher needs to give a sandbox its network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +94,8 @@ pub struct NetworkSetup {
     pub forwarded_ports: Vec<u16>,
     /// The host ids pasta runs as when the adapter is root (its starter drops to them).
     pub run_as: Option<(u32, u32)>,
+    /// The sandbox's resolver proxy.
+    pub dns: DnsSetup,
 }
 
 impl NetworkSetup {
@@ -58,8 +119,6 @@ impl NetworkSetup {
             "none",
             "--udp-ns",
             "none",
-            "--dns-forward",
-            DNS_FORWARD,
             "--foreground",
             "--quiet",
         ]
@@ -79,34 +138,72 @@ impl NetworkSetup {
             pasta_args,
             forwarded_ports: bus_on_loopback.map(|bus| bus.port()).into_iter().collect(),
             run_as,
+            dns: DnsSetup::new(egress),
         }
     }
 }
 
 /// The nftables script for `egress` (see the module's comment for the order of the rules).
 pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
-    let mut rules = String::from(
-        "table inet iii_egress {\n  chain output {\n    type filter hook output priority filter; policy accept;\n    oifname \"lo\" accept\n",
-    );
+    let mut rules = format!("table {TABLE} {{\n");
+    for (set, kind) in [
+        (ALLOW_V4, "ipv4_addr"),
+        (ALLOW_V6, "ipv6_addr"),
+        (DENY_V4, "ipv4_addr"),
+        (DENY_V6, "ipv6_addr"),
+    ] {
+        let _ = writeln!(
+            rules,
+            "  set {set} {{ type {kind}; flags timeout; size {SET_SIZE}; }}"
+        );
+    }
+    // Every query, to whatever server, goes to the proxy: a name's rule cannot be sidestepped
+    // by asking another resolver.
     let _ = writeln!(
         rules,
-        "    ip daddr {DNS_FORWARD} meta l4proto {{ tcp, udp }} th dport 53 accept"
+        "  chain dns {{\n    type nat hook output priority -100; policy accept;\n    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{DNS_PROXY_PORT}\n  }}"
+    );
+    rules.push_str(
+        "  chain output {\n    type filter hook output priority filter; policy accept;\n    oifname \"lo\" accept\n",
+    );
+    // A connection is judged when it starts: one to an address a name opened outlives the
+    // answer's TTL.
+    rules.push_str("    ct state established,related accept\n");
+    // Not redirected (cannot happen while the chain above stands): refused all the same.
+    rules.push_str(
+        "    meta l4proto tcp tcp dport 53 reject with tcp reset\n    udp dport 53 reject\n",
     );
     if let Some(bus) = egress.bus.filter(|bus| !bus.ip().is_loopback()) {
         let _ = writeln!(rules, "    {} tcp dport {} accept", daddr(bus), bus.port());
     }
     let host: Vec<IpNet> = host_addrs.iter().map(|a| IpNet::from(*a)).collect();
-    let mut denied: Vec<IpNet> = egress.deny.iter().chain(&host).copied().collect();
+    let mut denied: Vec<IpNet> = egress.deny.nets.iter().chain(&host).copied().collect();
     if egress.allow.is_empty() {
         denied.extend(default_denied());
         reject(&mut rules, &denied);
+        reject_sets(&mut rules, DENY_V4, DENY_V6);
     } else {
         reject(&mut rules, &denied);
-        accept(&mut rules, &egress.allow);
+        reject_sets(&mut rules, DENY_V4, DENY_V6);
+        accept(&mut rules, &egress.allow.nets);
+        let _ = writeln!(
+            rules,
+            "    ip daddr @{ALLOW_V4} accept\n    ip6 daddr @{ALLOW_V6} accept"
+        );
         rules.push_str("    meta l4proto tcp reject with tcp reset\n    reject\n");
     }
     rules.push_str("  }\n}\n");
     rules
+}
+
+/// Refused at once, the addresses of the names in `network_deny`.
+fn reject_sets(rules: &mut String, v4: &str, v6: &str) {
+    for (family, set) in [("ip", v4), ("ip6", v6)] {
+        let _ = writeln!(
+            rules,
+            "    {family} daddr @{set} meta l4proto tcp reject with tcp reset\n    {family} daddr @{set} reject"
+        );
+    }
 }
 
 fn daddr(bus: SocketAddr) -> String {
@@ -172,12 +269,52 @@ mod tests {
     use super::*;
 
     fn egress(allow: &[&str], deny: &[&str], bus: Option<&str>) -> Egress {
-        let nets = |l: &[&str]| l.iter().map(|n| n.parse().unwrap()).collect();
+        let list =
+            |l: &[&str]| sandbox_core::network::parse_list("k", &serde_json::json!(l)).unwrap();
         Egress {
-            allow: nets(allow),
-            deny: nets(deny),
+            allow: list(allow),
+            deny: list(deny),
             bus: bus.map(|b| b.parse().unwrap()),
+            ..Egress::default()
         }
+    }
+
+    #[test]
+    fn all_dns_goes_to_the_proxy_and_names_fill_sets() {
+        let rules = ruleset(&egress(&[], &["bad.test"], None), &[]);
+        assert!(rules.contains("th dport 53 redirect to :53"), "{rules}");
+        assert!(rules.contains("set deny_names_v4 { type ipv4_addr; flags timeout; size 4096; }"));
+        assert!(rules.contains("ip daddr @deny_names_v4 meta l4proto tcp reject with tcp reset"));
+        // Default policy: the allow sets are not consulted, nothing is refused wholesale.
+        assert!(!rules.contains("@allow_names_v4"), "{rules}");
+        // Only names in the allow list: the sets and nothing else.
+        let rules = ruleset(&egress(&["private.test"], &[], None), &[]);
+        let accept = rules.find("ip daddr @allow_names_v4 accept").unwrap();
+        let deny = rules.find("ip daddr @deny_names_v4").unwrap();
+        assert!(deny < accept, "deny wins: {rules}");
+        assert!(rules.ends_with("    reject\n  }\n}\n"), "{rules}");
+        assert!(!rules.contains("10.0.0.0/8"), "{rules}");
+    }
+
+    #[test]
+    fn the_proxy_asks_the_override_else_the_hosts_resolvers() {
+        let servers = resolv_conf_servers(
+            "# c\nsearch x\nnameserver 192.0.2.1\nnameserver fe80::1%eth0\nnameserver ::1\nnameserver 1.1.1.1\nnameserver 8.8.8.8\n",
+        );
+        let want: Vec<SocketAddr> = ["192.0.2.1:53", "[::1]:53", "1.1.1.1:53"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(servers, want);
+        let mut policy = egress(&["a.test"], &["*.b.test"], None);
+        policy.dns = sandbox_core::network::Upstreams(vec!["127.0.0.1:5353".parse().unwrap()]);
+        let dns = DnsSetup::new(&policy);
+        assert_eq!(
+            dns.upstream,
+            ["127.0.0.1:5353".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(dns.allow_names, ["a.test"]);
+        assert_eq!(dns.deny_names, ["*.b.test"]);
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "max_memory_mb",
     "network_allow",
     "network_deny",
+    "network_dns",
     "warm_pool",
 ];
 
@@ -233,6 +234,7 @@ impl Config {
                 })?;
             }
         }
+        keys.read("network_dns", &mut config.egress.dns)?;
 
         if let Some(value) = object.get("warm_pool") {
             config.warm_pool = parse_warm_pool(value, config.max_concurrent_sandboxes)?;

@@ -1,0 +1,962 @@
+//! The sandbox's resolver proxy (see `network.rs`): every DNS query the sandbox sends reaches
+//! it through the redirect in the sandbox's ruleset. It asks the host's resolvers (or
+//! `network_dns`) over sockets of the host's namespace, and for a name in `network_allow` or
+//! `network_deny` puts the answered A/AAAA addresses in the ruleset's sets, with the answer's
+//! TTL (bounded) as their timeout, before the sandbox sees the answer: the first connection
+//! after a resolution is already judged.
+//!
+//! It runs in a process of its own that the launcher forks (`netns.rs`): in the host's network
+//! namespace, the sandbox's user namespace (whose root owns the sandbox's network namespace:
+//! CAP_NET_ADMIN there for `nft`) and the launcher's pid namespace, which sandbox code cannot
+//! see: it can neither signal nor trace it. Everything it reads from the sandbox is hostile:
+//! bounded sizes, rate limits, a bounded number of queries in flight and of TCP connections,
+//! and every message parsed by `hickory-proto`, never by hand.
+
+// `setns` before `nft` runs, in the sandbox's network namespace.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
+use sandbox_core::network::{Egress, Targets};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+
+use crate::network::{DnsSetup, ALLOW_V4, ALLOW_V6, DENY_V4, DENY_V6, SET_SIZE, TABLE};
+
+/// The largest query taken from the sandbox (a question is a few dozen bytes).
+pub const MAX_QUERY: usize = 4096;
+/// A name's addresses stay in a set for the answer's TTL, within these bounds.
+pub const MIN_TIMEOUT_SECS: u32 = 30;
+pub const MAX_TIMEOUT_SECS: u32 = 3600;
+/// How long one resolver gets, and all of them together.
+const UPSTREAM_TRY: Duration = Duration::from_secs(2);
+const UPSTREAM_ALL: Duration = Duration::from_secs(5);
+/// Queries being answered at once; past it a query is refused.
+const MAX_IN_FLIGHT: usize = 64;
+/// Queries forwarded per second (a burst of twice that); past it refused.
+const QUERIES_PER_SEC: f64 = 100.0;
+/// Packets (and TCP messages) read per second, well formed or not; past it dropped unread.
+const PACKETS_PER_SEC: f64 = 2000.0;
+/// TCP connections at once, how long one may stay silent, and how many queries it carries.
+const MAX_TCP: usize = 16;
+const TCP_IDLE: Duration = Duration::from_secs(10);
+const TCP_QUERIES: usize = 64;
+/// CNAME links followed from the question's name, and addresses taken from one answer.
+const MAX_CHAIN: usize = 16;
+const MAX_ADDRESSES: usize = 64;
+/// A set element whose timeout is this close to what an answer asks is left as it is.
+const REFRESH_SLACK: Duration = Duration::from_secs(5);
+/// Errors written to the sandbox log at most (a guest must not fill it).
+const MAX_LOGGED: u32 = 20;
+
+/// What the proxy serves on: sockets of the sandbox's namespace, made by the launcher.
+pub struct Listeners {
+    pub udp: Vec<std::net::UdpSocket>,
+    pub tcp: Vec<std::net::TcpListener>,
+}
+
+/// Serves DNS until the process is killed (it dies with its sandbox). `netns` is the
+/// sandbox's network namespace, where `nft` updates the sets.
+pub fn serve(listeners: Listeners, netns: OwnedFd, nft: String, setup: DnsSetup) -> String {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return format!("cannot start the resolver proxy: {e}"),
+    };
+    let state = Arc::new(State::new(&setup, Sets::new(nft, netns)));
+    runtime.block_on(async move {
+        let mut tasks = Vec::new();
+        for socket in listeners.udp {
+            let socket = socket
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::UdpSocket::from_std(socket));
+            match socket {
+                Ok(socket) => tasks.push(tokio::spawn(serve_udp(Arc::new(socket), state.clone()))),
+                Err(e) => return format!("cannot serve DNS over udp: {e}"),
+            }
+        }
+        for listener in listeners.tcp {
+            let listener = listener
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(listener));
+            match listener {
+                Ok(listener) => tasks.push(tokio::spawn(serve_tcp(listener, state.clone()))),
+                Err(e) => return format!("cannot serve DNS over tcp: {e}"),
+            }
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        "the resolver proxy stopped".into()
+    })
+}
+
+/// The proxy's shared state.
+struct State {
+    /// The names and what they may open (only `allow.names`, `deny.names` and
+    /// `names_within_defaults` are used).
+    policy: Egress,
+    upstream: Vec<SocketAddr>,
+    sets: Arc<Mutex<Sets>>,
+    queries: Mutex<Bucket>,
+    packets: Mutex<Bucket>,
+    in_flight: Arc<Semaphore>,
+    tcp_slots: Arc<Semaphore>,
+    logged: AtomicU32,
+}
+
+impl State {
+    fn new(setup: &DnsSetup, sets: Sets) -> Self {
+        State {
+            policy: policy_of(setup),
+            upstream: setup.upstream.clone(),
+            sets: Arc::new(Mutex::new(sets)),
+            queries: Mutex::new(Bucket::new(QUERIES_PER_SEC)),
+            packets: Mutex::new(Bucket::new(PACKETS_PER_SEC)),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            tcp_slots: Arc::new(Semaphore::new(MAX_TCP)),
+            logged: AtomicU32::new(0),
+        }
+    }
+
+    fn log(&self, what: &str) {
+        if self.logged.fetch_add(1, Ordering::Relaxed) < MAX_LOGGED {
+            eprintln!("sandbox-bwrap-launch: dns: {what}");
+        }
+    }
+
+    fn take(bucket: &Mutex<Bucket>) -> bool {
+        bucket
+            .lock()
+            .map(|mut b| b.take(Instant::now()))
+            .unwrap_or(false)
+    }
+}
+
+fn policy_of(setup: &DnsSetup) -> Egress {
+    Egress {
+        allow: Targets {
+            nets: Vec::new(),
+            names: setup.allow_names.clone(),
+        },
+        deny: Targets {
+            nets: Vec::new(),
+            names: setup.deny_names.clone(),
+        },
+        names_within_defaults: setup.names_within_defaults,
+        ..Egress::default()
+    }
+}
+
+/// A token bucket: `rate` a second, bursts of twice that.
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Self {
+        Bucket {
+            rate,
+            tokens: 2.0 * rate,
+            at: Instant::now(),
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(2.0 * self.rate);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+async fn serve_udp(socket: Arc<tokio::net::UdpSocket>, state: Arc<State>) {
+    // One byte more than a query may hold: a longer datagram is cut to it and dropped.
+    let mut buffer = vec![0u8; MAX_QUERY + 1];
+    loop {
+        let (length, peer) = match socket.recv_from(&mut buffer).await {
+            Ok(received) => received,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if length > MAX_QUERY || !State::take(&state.packets) {
+            continue;
+        }
+        let Some(job) = admit(&state, &buffer[..length]) else {
+            continue;
+        };
+        match job {
+            Admitted::Reply(reply) => {
+                let _ = socket.send_to(&reply, peer).await;
+            }
+            Admitted::Forward(query, permit) => {
+                let (socket, state) = (socket.clone(), state.clone());
+                tokio::spawn(async move {
+                    let reply = answer(&state, query, Transport::Udp).await;
+                    drop(permit);
+                    let _ = socket.send_to(&reply, peer).await;
+                });
+            }
+        }
+    }
+}
+
+async fn serve_tcp(listener: tokio::net::TcpListener, state: Arc<State>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = state.tcp_slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = serve_tcp_connection(stream, &state).await;
+        });
+    }
+}
+
+async fn serve_tcp_connection(
+    mut stream: tokio::net::TcpStream,
+    state: &State,
+) -> std::io::Result<()> {
+    let timeout = |what: &'static str| std::io::Error::new(std::io::ErrorKind::TimedOut, what);
+    for _ in 0..TCP_QUERIES {
+        let length = tokio::time::timeout(TCP_IDLE, stream.read_u16())
+            .await
+            .map_err(|_| timeout("idle"))?? as usize;
+        if length == 0 || length > MAX_QUERY || !State::take(&state.packets) {
+            return Ok(());
+        }
+        let mut query = vec![0u8; length];
+        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query))
+            .await
+            .map_err(|_| timeout("slow query"))??;
+        let reply = match admit(state, &query) {
+            None => return Ok(()),
+            Some(Admitted::Reply(reply)) => reply,
+            Some(Admitted::Forward(query, permit)) => {
+                let reply = answer(state, query, Transport::Tcp).await;
+                drop(permit);
+                reply
+            }
+        };
+        let Ok(length) = u16::try_from(reply.len()) else {
+            return Ok(());
+        };
+        let mut framed = length.to_be_bytes().to_vec();
+        framed.extend_from_slice(&reply);
+        tokio::time::timeout(TCP_IDLE, stream.write_all(&framed))
+            .await
+            .map_err(|_| timeout("slow reader"))??;
+    }
+    Ok(())
+}
+
+enum Admitted {
+    /// Answered without asking anyone (refused, malformed).
+    Reply(Vec<u8>),
+    /// To forward, holding a place among the queries in flight.
+    Forward(Message, tokio::sync::OwnedSemaphorePermit),
+}
+
+/// What to do with `bytes` from the sandbox; `None`: drop it unanswered.
+fn admit(state: &State, bytes: &[u8]) -> Option<Admitted> {
+    let query = match read_query(bytes) {
+        Ok(query) => query,
+        Err(Some(reply)) => return Some(Admitted::Reply(reply)),
+        Err(None) => return None,
+    };
+    if !State::take(&state.queries) {
+        return Some(Admitted::Reply(error_reply(&query, ResponseCode::Refused)));
+    }
+    match state.in_flight.clone().try_acquire_owned() {
+        Ok(permit) => Some(Admitted::Forward(query, permit)),
+        Err(_) => Some(Admitted::Reply(error_reply(&query, ResponseCode::Refused))),
+    }
+}
+
+/// Decodes one message from `bytes` without letting a flaw of the decoder take the proxy
+/// down.
+fn decode(bytes: &[u8]) -> Option<Message> {
+    std::panic::catch_unwind(|| Message::from_vec(bytes).ok())
+        .ok()
+        .flatten()
+}
+
+/// A standard query of one question, else `Err(Some(reply))` (an error to send back) or
+/// `Err(None)` (nothing worth an answer: not DNS, or a response).
+pub fn read_query(bytes: &[u8]) -> Result<Message, Option<Vec<u8>>> {
+    if bytes.len() < 12 {
+        return Err(None);
+    }
+    let query = decode(bytes).ok_or(None)?;
+    if query.metadata.message_type != MessageType::Query {
+        return Err(None);
+    }
+    if query.metadata.op_code != OpCode::Query {
+        return Err(Some(error_reply(&query, ResponseCode::NotImp)));
+    }
+    if query.queries.len() != 1
+        || !query.answers.is_empty()
+        || !query.authorities.is_empty()
+        || !query.additionals.is_empty()
+        || query.signature.is_some()
+    {
+        return Err(Some(error_reply(&query, ResponseCode::FormErr)));
+    }
+    let question = &query.queries[0];
+    if question.query_class != DNSClass::IN
+        || matches!(question.query_type, RecordType::AXFR | RecordType::IXFR)
+    {
+        return Err(Some(error_reply(&query, ResponseCode::Refused)));
+    }
+    Ok(query)
+}
+
+/// An answer with `code` to `query` (its id, question and flags).
+fn error_reply(query: &Message, code: ResponseCode) -> Vec<u8> {
+    let mut reply = Message::error_msg(query.metadata.id, query.metadata.op_code, code);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.queries = query.queries.iter().take(1).cloned().collect();
+    reply.to_vec().unwrap_or_else(|_| {
+        // A question that cannot be encoded again: the header alone.
+        let mut bare = Message::error_msg(query.metadata.id, query.metadata.op_code, code);
+        bare.metadata.recursion_available = true;
+        bare.to_vec().unwrap_or_default()
+    })
+}
+
+/// Answers `query`: forwarded, the sets updated for a name of the lists, the answer encoded
+/// for the sandbox (SERVFAIL when anything on the way fails).
+async fn answer(state: &State, query: Message, transport: Transport) -> Vec<u8> {
+    let servfail = |state: &State, query: &Message, why: &str| {
+        state.log(why);
+        error_reply(query, ResponseCode::ServFail)
+    };
+    let Some(response) = forward(state, &query, transport).await else {
+        return error_reply(&query, ResponseCode::ServFail);
+    };
+    let name = plain(&query.queries[0].name);
+    let matched = judge(&state.policy, &name, &response);
+    if !matched.elements.is_empty() {
+        let sets = state.sets.clone();
+        let elements = matched.elements.clone();
+        let applied = tokio::task::spawn_blocking(move || match sets.lock() {
+            Ok(mut sets) => sets.add(&elements),
+            Err(_) => Err("the sets' state is poisoned".into()),
+        })
+        .await;
+        match applied {
+            Ok(Ok(())) => {}
+            // The answer is only ever given once the sets hold it.
+            Ok(Err(e)) => return servfail(state, &query, &e),
+            Err(e) => return servfail(state, &query, &e.to_string()),
+        }
+    }
+    match encode_reply(response, &query, matched.any, transport) {
+        Some(reply) => reply,
+        None => servfail(state, &query, "cannot encode an answer"),
+    }
+}
+
+/// The sandbox's copy of `response`: its id, TTLs capped for a name of the lists (the sandbox
+/// must not trust an address longer than the set does), cut to what it can take over udp.
+fn encode_reply(
+    mut response: Message,
+    query: &Message,
+    matched: bool,
+    transport: Transport,
+) -> Option<Vec<u8>> {
+    response.metadata.id = query.metadata.id;
+    if matched {
+        for record in response
+            .answers
+            .iter_mut()
+            .chain(response.authorities.iter_mut())
+            .chain(response.additionals.iter_mut())
+        {
+            record.ttl = record.ttl.min(MAX_TIMEOUT_SECS);
+        }
+    }
+    let bytes = response.to_vec().ok()?;
+    if transport == Transport::Udp && bytes.len() > usize::from(query.max_payload()) {
+        let mut cut = response.truncate();
+        cut.metadata.id = query.metadata.id;
+        return cut.to_vec().ok();
+    }
+    Some(bytes)
+}
+
+/// The response of the first resolver that gives a valid one within the time allowed.
+async fn forward(state: &State, query: &Message, transport: Transport) -> Option<Message> {
+    let deadline = tokio::time::Instant::now() + UPSTREAM_ALL;
+    for upstream in &state.upstream {
+        let mut ours = query.clone();
+        // Our id, not the sandbox's: a guess of the sandbox's own tells an off-path
+        // attacker nothing.
+        ours.metadata.id = Message::query().metadata.id;
+        let Ok(bytes) = ours.to_vec() else {
+            return None;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let attempt: Asking<'_> = match transport {
+            Transport::Udp => Box::pin(ask_udp(*upstream, &bytes, &ours)),
+            Transport::Tcp => Box::pin(ask_tcp(*upstream, &bytes, &ours)),
+        };
+        if let Ok(Some(response)) = tokio::time::timeout(UPSTREAM_TRY.min(left), attempt).await {
+            return Some(response);
+        }
+    }
+    None
+}
+
+type Asking<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Message>> + Send + 'a>>;
+
+async fn ask_udp(upstream: SocketAddr, bytes: &[u8], ours: &Message) -> Option<Message> {
+    {
+        let local: SocketAddr = if upstream.is_ipv4() {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let socket = tokio::net::UdpSocket::bind(local).await.ok()?;
+        socket.connect(upstream).await.ok()?;
+        socket.send(bytes).await.ok()?;
+        let mut buffer = vec![0u8; 65535];
+        // A connected socket hears only the resolver; a stray datagram is skipped.
+        for _ in 0..8 {
+            let length = socket.recv(&mut buffer).await.ok()?;
+            if let Some(response) = read_response(&buffer[..length], ours) {
+                return Some(response);
+            }
+        }
+        None
+    }
+}
+
+async fn ask_tcp(upstream: SocketAddr, bytes: &[u8], ours: &Message) -> Option<Message> {
+    let mut stream = tokio::net::TcpStream::connect(upstream).await.ok()?;
+    let mut framed = u16::try_from(bytes.len()).ok()?.to_be_bytes().to_vec();
+    framed.extend_from_slice(bytes);
+    stream.write_all(&framed).await.ok()?;
+    let length = stream.read_u16().await.ok()? as usize;
+    let mut buffer = vec![0u8; length];
+    stream.read_exact(&mut buffer).await.ok()?;
+    read_response(&buffer, ours)
+}
+
+/// `bytes` as the response to `ours` (same id, a response, the same question), if it is one.
+pub fn read_response(bytes: &[u8], ours: &Message) -> Option<Message> {
+    let response = decode(bytes)?;
+    let same_question = match (response.queries.as_slice(), ours.queries.first()) {
+        ([theirs], Some(asked)) => {
+            plain(&theirs.name) == plain(&asked.name)
+                && theirs.query_type == asked.query_type
+                && theirs.query_class == asked.query_class
+        }
+        _ => false,
+    };
+    (response.metadata.id == ours.metadata.id
+        && response.metadata.message_type == MessageType::Response
+        && same_question)
+        .then_some(response)
+}
+
+/// A name as the lists hold them: lowercase, no trailing dot.
+pub fn plain(name: &Name) -> String {
+    let text = name.to_lowercase().to_ascii();
+    text.strip_suffix('.').unwrap_or(&text).to_string()
+}
+
+/// What an answer for a name of the lists puts in the sets.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Judged {
+    /// The question's name is one of the lists' (its answer's TTLs get capped).
+    pub any: bool,
+    /// (set, address, timeout in seconds)
+    pub elements: Vec<(&'static str, IpAddr, u32)>,
+}
+
+/// The set elements `response` (to a question for `name`) calls for under `policy`.
+pub fn judge(policy: &Egress, name: &str, response: &Message) -> Judged {
+    let (allow, deny) = (
+        policy.allow.names_match(name),
+        policy.deny.names_match(name),
+    );
+    let mut judged = Judged {
+        any: allow || deny,
+        elements: Vec::new(),
+    };
+    if !judged.any {
+        return judged;
+    }
+    for (addr, ttl) in addresses(name, response) {
+        let timeout = ttl.clamp(MIN_TIMEOUT_SECS, MAX_TIMEOUT_SECS);
+        let (v4, v6) = (addr.is_ipv4(), addr.is_ipv6());
+        if deny {
+            judged
+                .elements
+                .push((if v4 { DENY_V4 } else { DENY_V6 }, addr, timeout));
+        }
+        if allow && !deny && policy.name_may_open(addr) && (v4 || v6) {
+            judged
+                .elements
+                .push((if v4 { ALLOW_V4 } else { ALLOW_V6 }, addr, timeout));
+        }
+    }
+    judged
+}
+
+/// The A and AAAA addresses `response` gives `name`, following its CNAME chain, with their
+/// TTLs (a bounded number of each).
+pub fn addresses(name: &str, response: &Message) -> Vec<(IpAddr, u32)> {
+    let mut names = vec![name.to_string()];
+    // A chain needs as many passes as it has links, whatever their order in the answer.
+    for _ in 0..MAX_CHAIN {
+        let mut grew = false;
+        for record in &response.answers {
+            if let RData::CNAME(target) = &record.data {
+                let (owner, target) = (plain(&record.name), plain(&target.0));
+                if names.contains(&owner) && !names.contains(&target) && names.len() <= MAX_CHAIN {
+                    names.push(target);
+                    grew = true;
+                }
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    for record in &response.answers {
+        let addr = match &record.data {
+            RData::A(a) => IpAddr::V4(a.0),
+            RData::AAAA(aaaa) => IpAddr::V6(aaaa.0),
+            _ => continue,
+        };
+        if names.contains(&plain(&record.name)) && out.len() < MAX_ADDRESSES {
+            out.push((addr, record.ttl));
+        }
+    }
+    out
+}
+
+/// The sets of the sandbox's ruleset as this proxy filled them, and how to change them.
+pub struct Sets {
+    nft: String,
+    netns: OwnedFd,
+    /// (set, address) -> when the element expires: no earlier than the first, no later than
+    /// the second instant (`nft` takes a while to commit).
+    known: HashMap<(&'static str, IpAddr), (Instant, Instant)>,
+}
+
+impl Sets {
+    pub fn new(nft: String, netns: OwnedFd) -> Self {
+        Sets {
+            nft,
+            netns,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Puts `elements` in their sets with their timeouts (refreshing those already there),
+    /// in one `nft` transaction.
+    pub fn add(&mut self, elements: &[(&'static str, IpAddr, u32)]) -> Result<(), String> {
+        let now = Instant::now();
+        let (script, wait) = self.plan(elements, now)?;
+        if script.is_empty() {
+            return Ok(());
+        }
+        if let Some(wait) = wait {
+            std::thread::sleep(wait);
+        }
+        let before = Instant::now();
+        self.run(&script)?;
+        let after = Instant::now();
+        for (set, addr, timeout) in elements {
+            let timeout = Duration::from_secs(u64::from(*timeout));
+            self.known
+                .insert((set, *addr), (before + timeout, after + timeout));
+        }
+        Ok(())
+    }
+
+    /// The `nft` script for `elements` at `now`, and how long to wait before running it
+    /// (an element about to expire is added again once it has).
+    fn plan(
+        &mut self,
+        elements: &[(&'static str, IpAddr, u32)],
+        now: Instant,
+    ) -> Result<(String, Option<Duration>), String> {
+        self.known.retain(|_, (_, latest)| *latest > now);
+        let mut script = String::new();
+        let mut wait = None;
+        for (set, addr, timeout) in elements {
+            let wanted = Duration::from_secs(u64::from(*timeout));
+            let element = format!("{TABLE} {set} {{ {addr} timeout {timeout}s }}");
+            match self.known.get(&(*set, *addr)) {
+                Some((earliest, _)) if *earliest + REFRESH_SLACK >= now + wanted => continue,
+                // Surely there still: replaced in the same transaction.
+                Some((earliest, _)) if *earliest > now + Duration::from_secs(1) => {
+                    script.push_str(&format!("delete element {TABLE} {set} {{ {addr} }}\n"));
+                }
+                Some((_, latest)) => {
+                    let until = latest.saturating_duration_since(now) + Duration::from_millis(50);
+                    wait = Some(wait.map_or(until, |w: Duration| w.max(until)));
+                }
+                None => {
+                    let in_set = self.known.keys().filter(|(s, _)| s == set).count();
+                    if in_set >= SET_SIZE {
+                        return Err(format!("the set {set} is full ({SET_SIZE} addresses)"));
+                    }
+                }
+            }
+            script.push_str(&format!("add element {element}\n"));
+        }
+        Ok((script, wait))
+    }
+
+    /// Runs `nft -f -` with `script`, in the sandbox's network namespace.
+    fn run(&self, script: &str) -> Result<(), String> {
+        let netns = self.netns.as_raw_fd();
+        let mut command = Command::new(&self.nft);
+        command
+            .args(["-f", "-"])
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // SAFETY: between fork and exec the child only makes one system call on a descriptor
+        // it inherited; nothing is allocated.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setns(netns, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.nft))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(script.as_bytes());
+        }
+        let mut errors = String::new();
+        if let Some(stderr) = child.stderr.take() {
+            let _ = stderr.take(4096).read_to_string(&mut errors);
+        }
+        let status = child
+            .wait()
+            .map_err(|e| format!("cannot wait for {}: {e}", self.nft))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} could not update the sets ({status}): {}",
+                self.nft,
+                errors.trim()
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+    use hickory_proto::rr::Record;
+    use std::str::FromStr;
+
+    fn name(text: &str) -> Name {
+        Name::from_str(text).unwrap()
+    }
+
+    fn question(text: &str, kind: RecordType) -> Message {
+        let mut query = Message::query();
+        query.metadata.recursion_desired = true;
+        query.add_query(Query::query(name(text), kind));
+        query
+    }
+
+    fn response_to(query: &Message, answers: Vec<Record>) -> Message {
+        let mut response = Message::response(query.metadata.id, OpCode::Query);
+        response.queries = query.queries.clone();
+        response.answers = answers;
+        response
+    }
+
+    fn a(owner: &str, ip: &str, ttl: u32) -> Record {
+        Record::from_rdata(name(owner), ttl, RData::A(A(ip.parse().unwrap())))
+    }
+
+    fn policy(allow: &[&str], deny: &[&str]) -> Egress {
+        policy_of(&DnsSetup {
+            upstream: Vec::new(),
+            allow_names: allow.iter().map(|s| s.to_string()).collect(),
+            deny_names: deny.iter().map(|s| s.to_string()).collect(),
+            names_within_defaults: false,
+        })
+    }
+
+    #[test]
+    fn a_standard_query_passes_and_anything_else_is_answered_or_dropped() {
+        let query = question("public.test.", RecordType::A);
+        let bytes = query.to_vec().unwrap();
+        assert_eq!(read_query(&bytes).unwrap().queries, query.queries);
+        // A response, or garbage: dropped.
+        let response = response_to(&query, Vec::new()).to_vec().unwrap();
+        assert_eq!(read_query(&response), Err(None));
+        assert_eq!(read_query(&bytes[..5]), Err(None));
+        // Two questions: FORMERR; a zone transfer: REFUSED; another opcode: NOTIMP.
+        let mut two = query.clone();
+        two.add_query(Query::query(name("b.test."), RecordType::A));
+        let reply = read_query(&two.to_vec().unwrap()).unwrap_err().unwrap();
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!(reply.metadata.response_code, ResponseCode::FormErr);
+        assert_eq!(reply.metadata.id, query.metadata.id);
+        let axfr = question("public.test.", RecordType::AXFR).to_vec().unwrap();
+        let reply = Message::from_vec(&read_query(&axfr).unwrap_err().unwrap()).unwrap();
+        assert_eq!(reply.metadata.response_code, ResponseCode::Refused);
+        let mut update = query.clone();
+        update.metadata.op_code = OpCode::Update;
+        let reply = read_query(&update.to_vec().unwrap()).unwrap_err().unwrap();
+        assert_eq!(
+            Message::from_vec(&reply).unwrap().metadata.response_code,
+            ResponseCode::NotImp
+        );
+    }
+
+    #[test]
+    fn hostile_bytes_never_panic() {
+        let query = question("public.test.", RecordType::A).to_vec().unwrap();
+        let mut crafted: Vec<Vec<u8>> = vec![
+            // A compression pointer to itself, and one past the end.
+            [&query[..12], &[0xC0, 0x0C, 0, 1, 0, 1][..]].concat(),
+            [&query[..12], &[0xC0, 0xFF, 0, 1, 0, 1][..]].concat(),
+            // Counts far beyond the data.
+            [&[0, 1, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF][..]].concat(),
+            // A label longer than the message.
+            [&query[..12], &[63, b'a', b'b'][..]].concat(),
+            vec![0; MAX_QUERY],
+            vec![0xFF; MAX_QUERY],
+        ];
+        // Cheap deterministic noise, and every cut of a valid query with bytes flipped.
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        for length in 0..600 {
+            let bytes = (0..length % 300)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            crafted.push(bytes);
+        }
+        for cut in 0..query.len() {
+            for flip in 0..8 {
+                let mut bytes = query[..cut].to_vec();
+                if let Some(b) = bytes.get_mut(cut / 2) {
+                    *b ^= 1 << flip;
+                }
+                crafted.push(bytes);
+            }
+        }
+        let asked = question("public.test.", RecordType::A);
+        for bytes in &crafted {
+            let _ = read_query(bytes);
+            let _ = read_response(bytes, &asked);
+        }
+    }
+
+    #[test]
+    fn a_response_must_answer_our_question_with_our_id() {
+        let query = question("Public.TEST.", RecordType::A);
+        let good = response_to(&query, vec![a("public.test.", "198.51.100.10", 60)]);
+        assert!(read_response(&good.to_vec().unwrap(), &query).is_some());
+        let mut wrong_id = good.clone();
+        wrong_id.metadata.id = query.metadata.id.wrapping_add(1);
+        assert!(read_response(&wrong_id.to_vec().unwrap(), &query).is_none());
+        let other = response_to(&question("other.test.", RecordType::A), Vec::new());
+        let mut other = other.clone();
+        other.metadata.id = query.metadata.id;
+        assert!(read_response(&other.to_vec().unwrap(), &query).is_none());
+        assert!(read_response(&query.to_vec().unwrap(), &query).is_none());
+    }
+
+    #[test]
+    fn addresses_follow_the_cname_chain_only() {
+        let query = question("www.test.", RecordType::A);
+        let response = response_to(
+            &query,
+            vec![
+                // Out of order on purpose; a record for a name off the chain is ignored.
+                a("edge.cdn.test.", "198.51.100.20", 30),
+                Record::from_rdata(
+                    name("www.test."),
+                    300,
+                    RData::CNAME(CNAME(name("edge.cdn.test."))),
+                ),
+                a("elsewhere.test.", "203.0.113.9", 30),
+                Record::from_rdata(
+                    name("edge.cdn.test."),
+                    300,
+                    RData::AAAA(AAAA("2001:db8::20".parse().unwrap())),
+                ),
+            ],
+        );
+        let found = addresses("www.test", &response);
+        assert_eq!(
+            found,
+            [
+                ("198.51.100.20".parse().unwrap(), 30),
+                ("2001:db8::20".parse().unwrap(), 300)
+            ]
+        );
+        // A loop of CNAMEs ends.
+        let looped = response_to(
+            &query,
+            vec![
+                Record::from_rdata(name("www.test."), 1, RData::CNAME(CNAME(name("b.test.")))),
+                Record::from_rdata(name("b.test."), 1, RData::CNAME(CNAME(name("www.test.")))),
+            ],
+        );
+        assert!(addresses("www.test", &looped).is_empty());
+    }
+
+    #[test]
+    fn names_of_the_lists_fill_their_sets_with_bounded_timeouts() {
+        let query = question("private.test.", RecordType::A);
+        let response = response_to(
+            &query,
+            vec![
+                a("private.test.", "10.199.0.10", 5),
+                a("private.test.", "169.254.169.254", 99_999),
+            ],
+        );
+        let judged = judge(&policy(&["private.test"], &[]), "private.test", &response);
+        assert!(judged.any);
+        // Metadata is never opened by a name; the timeout is bounded below.
+        assert_eq!(
+            judged.elements,
+            [(ALLOW_V4, "10.199.0.10".parse().unwrap(), MIN_TIMEOUT_SECS)]
+        );
+        let judged = judge(
+            &policy(&["private.test"], &["*.test"]),
+            "private.test",
+            &response,
+        );
+        assert_eq!(
+            judged.elements,
+            [
+                (DENY_V4, "10.199.0.10".parse().unwrap(), MIN_TIMEOUT_SECS),
+                (
+                    DENY_V4,
+                    "169.254.169.254".parse().unwrap(),
+                    MAX_TIMEOUT_SECS
+                )
+            ]
+        );
+        assert_eq!(
+            judge(&policy(&["other.test"], &[]), "private.test", &response),
+            Judged::default()
+        );
+        let mut within = policy(&["private.test"], &[]);
+        within.names_within_defaults = true;
+        assert!(judge(&within, "private.test", &response)
+            .elements
+            .is_empty());
+    }
+
+    #[test]
+    fn ttls_of_a_listed_name_are_capped_and_a_long_answer_is_cut_for_udp() {
+        let query = question("public.test.", RecordType::A);
+        let response = response_to(&query, vec![a("public.test.", "198.51.100.10", 86_400)]);
+        let reply = encode_reply(response.clone(), &query, true, Transport::Udp).unwrap();
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!(reply.answers[0].ttl, MAX_TIMEOUT_SECS);
+        let many: Vec<Record> = (0..60)
+            .map(|i| a("public.test.", &format!("198.51.100.{i}"), 60))
+            .collect();
+        let big = response_to(&query, many);
+        let cut = encode_reply(big.clone(), &query, false, Transport::Udp).unwrap();
+        assert!(cut.len() <= 512);
+        assert!(Message::from_vec(&cut).unwrap().metadata.truncation);
+        let whole = encode_reply(big, &query, false, Transport::Tcp).unwrap();
+        assert_eq!(Message::from_vec(&whole).unwrap().answers.len(), 60);
+    }
+
+    #[test]
+    fn the_plan_adds_new_elements_refreshes_old_ones_and_bounds_the_set() {
+        let netns = std::fs::File::open("/proc/self/ns/net").unwrap();
+        let mut sets = Sets::new("nft".into(), netns.into());
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let now = Instant::now();
+        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], now).unwrap();
+        assert_eq!(
+            script,
+            "add element inet iii_egress allow_names_v4 { 198.51.100.10 timeout 60s }\n"
+        );
+        assert_eq!(wait, None);
+        let sixty = Duration::from_secs(60);
+        sets.known
+            .insert((ALLOW_V4, ip), (now + sixty, now + sixty));
+        // Asked again at once: nothing to do.
+        assert_eq!(sets.plan(&[(ALLOW_V4, ip, 60)], now).unwrap().0, "");
+        // Half-way: replaced in one transaction.
+        let later = now + Duration::from_secs(30);
+        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], later).unwrap();
+        assert!(script.starts_with("delete element"), "{script}");
+        assert_eq!(wait, None);
+        // About to expire: added again once it has.
+        let edge = now + Duration::from_millis(59_500);
+        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], edge).unwrap();
+        assert!(script.starts_with("add element"), "{script}");
+        assert!(wait.unwrap() <= Duration::from_millis(600));
+        // A full set refuses another address.
+        for i in 0..SET_SIZE {
+            let other = IpAddr::V6(Ipv6Addr::from(i as u128 + 1));
+            sets.known
+                .insert((ALLOW_V6, other), (now + sixty, now + sixty));
+        }
+        let new: IpAddr = "2001:db8::1".parse().unwrap();
+        assert!(sets.plan(&[(ALLOW_V6, new, 60)], now).is_err());
+    }
+}
