@@ -11,6 +11,7 @@ use sandbox_core::{
 use tokio::io::AsyncWriteExt;
 
 use crate::cgroup;
+use crate::disk::{self, Disk};
 use crate::launch::LaunchCommand;
 use crate::network::NetworkSetup;
 use crate::pool::LauncherPool;
@@ -39,6 +40,9 @@ pub struct BwrapBackend {
     nft: Option<PathBuf>,
     /// The host's own addresses, denied to every sandbox.
     host_addrs: Vec<std::net::IpAddr>,
+    /// Persistent layers (worker VMs) as ext4 images: a root adapter with `mke2fs`; else
+    /// they get a tmpfs like sandboxes (bounded, not persistent; see `disk.rs`).
+    mke2fs: Option<PathBuf>,
 }
 
 impl BwrapBackend {
@@ -51,7 +55,7 @@ impl BwrapBackend {
         );
         tracing::info!(ids = %id_map.describe(), "bwrap sandboxes run in user namespaces of their own");
         let probe = cgroup::Group::create();
-        let limits_in_force = probe.enforceable();
+        let mut limits_in_force = probe.enforceable();
         probe.remove_if_empty();
         if limits_in_force.len() < 3 {
             tracing::warn!(
@@ -59,7 +63,30 @@ impl BwrapBackend {
                 "no writable cgroup hierarchy for every limit: sandboxes' cpus, memory and pids are not all enforced on this host"
             );
         }
+        // Every layer is size-limited, whoever runs the adapter (see `disk.rs`).
+        limits_in_force.push("disk");
+        let mke2fs = id_map
+            .needs_idmapped_mounts()
+            .then(|| {
+                find_in_path("mke2fs").or_else(|| {
+                    ["/usr/sbin/mke2fs", "/sbin/mke2fs"]
+                        .into_iter()
+                        .map(PathBuf::from)
+                        .find(|p| p.is_file())
+                })
+            })
+            .flatten();
+        let worker_layers = worker_layer_disk(mke2fs.is_some());
+        if mke2fs.is_some() {
+            tracing::info!(
+                worker_layers,
+                "writable layers are size-limited (sandboxes: a tmpfs of default_disk_mb)"
+            );
+        } else {
+            tracing::warn!(worker_layers, "worker VMs' writable layers are not size-limited here (sandboxes are: a tmpfs of default_disk_mb)");
+        }
         Self {
+            mke2fs,
             limits_in_force,
             pasta: find_in_path("pasta"),
             nft: find_in_path("nft"),
@@ -161,8 +188,8 @@ impl Backend for BwrapBackend {
             .bwrap
             .as_ref()
             .ok_or_else(|| SandboxError::BootFailed("`bwrap` is not installed".into()))?;
-        let [upper, work, merged] = ["upper", "work", "merged"].map(|d| spec.layer_dir.join(d));
-        for dir in [&upper, &work, &merged] {
+        let [disk_dir, merged] = [disk::DISK_DIR, "merged"].map(|d| spec.layer_dir.join(d));
+        for dir in [&disk_dir, &merged] {
             // A persistent layer (worker VM) keeps what its earlier boots wrote.
             let made = if spec.persistent_layer {
                 std::fs::create_dir_all(dir)
@@ -171,6 +198,37 @@ impl Backend for BwrapBackend {
             };
             made.map_err(|e| boot_error("cannot prepare the sandbox layer", e))?;
         }
+        let path = |p: &Path| p.display().to_string();
+        let tmpfs = Disk {
+            at: path(&disk_dir),
+            size_mb: spec.disk_mb,
+            image: None,
+        };
+        let disk = match (spec.persistent_layer, &self.mke2fs) {
+            (false, _) => Some(tmpfs),
+            (true, Some(mke2fs)) => {
+                let image = disk::ensure_image(mke2fs, &spec.layer_dir, spec.disk_mb)
+                    .await
+                    .map_err(|e| boot_error("cannot make the layer's disk image", e))?;
+                Some(Disk {
+                    image: Some(path(&image)),
+                    ..tmpfs
+                })
+            }
+            // The documented fallback (see `disk.rs`): plain directories of the layer.
+            (true, None) => None,
+        };
+        let (upper, work) = match &disk {
+            Some(disk) => disk.upper_and_work(),
+            None => {
+                let [upper, work] = ["upper", "work"].map(|d| spec.layer_dir.join(d));
+                for dir in [&upper, &work] {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| boot_error("cannot prepare the sandbox layer", e))?;
+                }
+                (path(&upper), path(&work))
+            }
+        };
         let launcher = self.pool.take().map_err(|e| {
             boot_error(
                 &format!("cannot start the launcher {}", self.launcher.display()),
@@ -180,14 +238,12 @@ impl Backend for BwrapBackend {
         let group = launcher.group.name().to_string();
         std::fs::write(spec.layer_dir.join(GROUP_FILE), &group)
             .map_err(|e| boot_error("cannot record the sandbox's cgroup", e))?;
-        if !launcher.group.set_limits(
-            spec.cpus,
-            spec.memory_mb,
-            sandbox_core::config::pids_per_sandbox(),
-        ) {
+        if !launcher
+            .group
+            .set_limits(spec.cpus, spec.memory_mb, spec.pids)
+        {
             tracing::debug!(sandbox_id = %spec.sandbox_id, "no writable cgroup hierarchy: cpus and memory are not enforced");
         }
-        let path = |p: &Path| p.display().to_string();
         let network = if spec.network {
             Some(self.network_setup(spec)?)
         } else {
@@ -196,13 +252,14 @@ impl Backend for BwrapBackend {
         let command = LaunchCommand {
             lower: path(&spec.image_root),
             layer: path(&spec.layer_dir),
-            upper: path(&upper),
-            work: path(&work),
+            upper,
+            work,
             merged: path(&merged),
             log: path(&spec.layer_dir.join("sandbox.log")),
             bwrap: path(bwrap),
             args: bwrap_args(spec, &merged),
             network,
+            disk,
         };
         let message = command
             .encode()
@@ -241,6 +298,10 @@ impl Backend for BwrapBackend {
             "seccomp": true,
             "read_only": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "read-only binds (a worker's /worker, the agent)"],
             "limits_in_force": self.limits_in_force,
+            "disk": {
+                "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
+                "worker_layers": worker_layer_disk(self.mke2fs.is_some()),
+            },
             "network": {
                 "namespace": "always the sandbox's own (network: false: loopback only)",
                 "egress": egress_unavailable.map_or_else(
@@ -291,6 +352,9 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         "/dev".into(),
         "--proc".into(),
         "/proc".into(),
+        // Bounded like the layer: a tmpfs's default size is half the host's memory.
+        "--size".into(),
+        (u64::from(spec.disk_mb) * 1024 * 1024).to_string(),
         "--tmpfs".into(),
         "/tmp".into(),
         "--ro-bind".into(),
@@ -385,6 +449,15 @@ impl SandboxProcess for BwrapProcess {
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
         let group = self.group.clone();
         let _ = tokio::task::spawn_blocking(move || cgroup::remove(&group)).await;
+    }
+}
+
+/// How worker VMs' persistent layers are bounded here, for the log and `adapter::info`.
+fn worker_layer_disk(images: bool) -> &'static str {
+    if images {
+        "an ext4 image of default_disk_mb per worker VM (sparse, on a loop device): persistent, ENOSPC past it"
+    } else {
+        "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (an ordinary-user adapter has no loop devices, or mke2fs is missing); sandboxes are bounded"
     }
 }
 

@@ -32,6 +32,10 @@ pub struct LaunchCommand {
     pub args: Vec<String>,
     /// Egress (`network: true`): the launcher makes the sandbox's network namespace itself.
     pub network: Option<crate::network::NetworkSetup>,
+    /// The size-limited filesystem holding `upper` and `work`, mounted at `disk.at` before
+    /// the overlay (see `disk.rs`); none: they are plain directories of the layer.
+    #[serde(default)]
+    pub disk: Option<crate::disk::Disk>,
 }
 
 impl LaunchCommand {
@@ -107,6 +111,7 @@ mod tests {
             bwrap: "/usr/bin/bwrap".into(),
             args: vec!["--unshare-all".into(), "a b \"c\"".into()],
             network: None,
+            disk: None,
         }
     }
 

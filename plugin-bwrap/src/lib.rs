@@ -9,6 +9,7 @@
 
 mod backend;
 mod cgroup;
+pub mod disk;
 pub mod dns;
 pub mod launch;
 pub mod netns;

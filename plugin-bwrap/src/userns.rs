@@ -230,6 +230,16 @@ fn c_string(path: &Path) -> io::Result<std::ffi::CString> {
 /// `userns`: on-disk id `k` appears as host id `base + k`, which the sandbox sees as `k`, and
 /// a write by the sandbox's `k` is stored as `k`. Needs host root.
 pub fn idmapped_clone(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
+    clone_with_idmap(path, userns, false)
+}
+
+/// [`idmapped_clone`] of the mount at `path` and every mount below it.
+pub fn idmapped_clone_tree(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
+    clone_with_idmap(path, userns, true)
+}
+
+fn clone_with_idmap(path: &Path, userns: &OwnedFd, recursive: bool) -> io::Result<OwnedFd> {
+    let at_recursive = if recursive { libc::AT_RECURSIVE } else { 0 } as libc::c_uint;
     let context = |what: &str, e: io::Error| {
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
     };
@@ -241,7 +251,7 @@ pub fn idmapped_clone(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             c_path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | at_recursive,
         )
     };
     if tree < 0 {
@@ -266,7 +276,7 @@ pub fn idmapped_clone(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
+            libc::AT_EMPTY_PATH as libc::c_uint | at_recursive,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )

@@ -80,6 +80,8 @@ pub(crate) fn test_boot_spec(dir: &std::path::Path) -> BootSpec {
         layer_dir: layer,
         cpus: 1,
         memory_mb: 256,
+        pids: 1024,
+        disk_mb: 1024,
         network: false,
         egress: Default::default(),
         agent_path: agent,

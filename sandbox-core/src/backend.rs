@@ -27,6 +27,10 @@ pub struct BootSpec {
     pub layer_dir: PathBuf,
     pub cpus: u32,
     pub memory_mb: u32,
+    /// Processes (and threads) the sandbox may hold at once (`max_pids_per_sandbox`).
+    pub pids: u32,
+    /// The size of the writable layer in MiB (`default_disk_mb`): past it, ENOSPC inside.
+    pub disk_mb: u32,
     /// Egress on (user-mode networking under `egress`); off: loopback only. Either way the
     /// sandbox has a network namespace of its own.
     pub network: bool,

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -50,6 +49,11 @@ pub struct Config {
     pub max_image_size_mb: u64,
     /// Processes (and threads) one sandbox may hold at once (its cgroup's `pids.max`).
     pub max_pids_per_sandbox: u32,
+    /// The size of each sandbox's (and worker VM's) writable layer, in MiB: past it the
+    /// sandbox sees ENOSPC. SPEC's create has no disk field, so this is every sandbox's size.
+    pub default_disk_mb: u32,
+    /// Ceiling on `default_disk_mb` (and on any per-request disk size the contract may add).
+    pub max_disk_mb: u32,
     /// Ceiling on any create's `cpus`, whatever `per_image_caps` says (default: the host's
     /// cores, and never below `default_cpus`).
     pub max_cpus: u32,
@@ -64,6 +68,9 @@ pub struct Config {
 
 /// `max_pids_per_sandbox` when the configuration names none.
 pub const DEFAULT_MAX_PIDS_PER_SANDBOX: u32 = 1024;
+/// `default_disk_mb` / `max_disk_mb` when the configuration names none.
+pub const DEFAULT_DISK_MB: u32 = 1024;
+pub const DEFAULT_MAX_DISK_MB: u32 = 16 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -85,6 +92,8 @@ impl Default for Config {
             state_dir: None,
             max_image_size_mb: 16 * 1024,
             max_pids_per_sandbox: DEFAULT_MAX_PIDS_PER_SANDBOX,
+            default_disk_mb: DEFAULT_DISK_MB,
+            max_disk_mb: DEFAULT_MAX_DISK_MB,
             max_cpus: host_cpus().max(1),
             max_memory_mb: (host_memory_mb() / 2).max(512),
             egress: crate::network::Egress::default(),
@@ -138,6 +147,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "state_dir",
     "max_image_size_mb",
     "max_pids_per_sandbox",
+    "default_disk_mb",
+    "max_disk_mb",
     "max_cpus",
     "max_memory_mb",
     "network_allow",
@@ -216,6 +227,9 @@ impl Config {
         keys.read_optional("state_dir", &mut config.state_dir)?;
         keys.read("max_image_size_mb", &mut config.max_image_size_mb)?;
         keys.read("max_pids_per_sandbox", &mut config.max_pids_per_sandbox)?;
+        keys.read("default_disk_mb", &mut config.default_disk_mb)?;
+        config.max_disk_mb = config.max_disk_mb.max(config.default_disk_mb);
+        keys.read("max_disk_mb", &mut config.max_disk_mb)?;
         // The host's values are only defaults: they never refuse the configured defaults.
         config.max_cpus = config.max_cpus.max(config.default_cpus);
         config.max_memory_mb = config.max_memory_mb.max(config.default_memory_mb);
@@ -266,6 +280,8 @@ impl Config {
                 "max_pids_per_sandbox",
                 u64::from(config.max_pids_per_sandbox),
             ),
+            ("default_disk_mb", u64::from(config.default_disk_mb)),
+            ("max_disk_mb", u64::from(config.max_disk_mb)),
             ("max_cpus", u64::from(config.max_cpus)),
             ("max_memory_mb", u64::from(config.max_memory_mb)),
         ] {
@@ -289,6 +305,12 @@ impl Config {
                 "max_memory_mb",
                 config.max_memory_mb,
             ),
+            (
+                "default_disk_mb",
+                config.default_disk_mb,
+                "max_disk_mb",
+                config.max_disk_mb,
+            ),
         ] {
             if default > max {
                 return Err(ConfigError::WrongType {
@@ -300,23 +322,6 @@ impl Config {
         // SPEC.md: 0 means 1, not unlimited.
         config.max_concurrent_exec_per_sandbox = config.max_concurrent_exec_per_sandbox.max(1);
         Ok(config)
-    }
-}
-
-/// `max_pids_per_sandbox` of the adapter in this process, for the backend that writes it to
-/// each sandbox's cgroup. [`BootSpec`](crate::BootSpec) carries the per-create limits; this
-/// one is adapter-wide, published once at start (a process holds one plugin).
-static PIDS_PER_SANDBOX: AtomicU32 = AtomicU32::new(DEFAULT_MAX_PIDS_PER_SANDBOX);
-
-/// The pids limit every sandbox (and worker VM) of this adapter gets.
-pub fn pids_per_sandbox() -> u32 {
-    PIDS_PER_SANDBOX.load(Ordering::Relaxed)
-}
-
-impl Config {
-    /// Makes the adapter-wide limits of this configuration the ones backends apply.
-    pub(crate) fn publish(&self) {
-        PIDS_PER_SANDBOX.store(self.max_pids_per_sandbox, Ordering::Relaxed);
     }
 }
 
@@ -484,6 +489,13 @@ mod tests {
                 "key `max_pids_per_sandbox`",
             ),
             (json!({"max_cpus": 0}), "key `max_cpus`"),
+            (json!({"default_disk_mb": 0}), "key `default_disk_mb`"),
+            (json!({"default_disk_mb": "big"}), "key `default_disk_mb`"),
+            (json!({"max_disk_mb": -1}), "key `max_disk_mb`"),
+            (
+                json!({"default_disk_mb": 64, "max_disk_mb": 32}),
+                "key `default_disk_mb`: 64 is above `max_disk_mb` (32)",
+            ),
             (json!({"max_memory_mb": -5}), "key `max_memory_mb`"),
             (
                 json!({"default_cpus": 4, "max_cpus": 2}),
@@ -529,6 +541,13 @@ mod tests {
     fn ceilings_default_to_the_host_and_never_refuse_the_defaults() {
         let config = Config::from_json(&json!({})).unwrap();
         assert_eq!(config.max_pids_per_sandbox, 1024);
+        assert_eq!(
+            (config.default_disk_mb, config.max_disk_mb),
+            (1024, 16 * 1024)
+        );
+        // A default above the default ceiling raises it, as for cpus and memory.
+        let config = Config::from_json(&json!({"default_disk_mb": 20000})).unwrap();
+        assert_eq!(config.max_disk_mb, 20000);
         assert!(config.max_cpus >= 1 && config.max_cpus >= config.default_cpus);
         assert!(config.max_memory_mb >= 512);
         // A default above the host's share raises the default ceiling with it.

@@ -51,7 +51,6 @@ impl<B: Backend> SandboxPlugin<B> {
         host: Host,
     ) -> Result<Arc<Self>, String> {
         let config = Config::from_json(config).map_err(|e| e.to_string())?;
-        config.publish();
         let images =
             ImageStore::new(images::settings(&config)).map_err(|e| format!("image store: {e}"))?;
         warm_pool::check(&config, &images)?;

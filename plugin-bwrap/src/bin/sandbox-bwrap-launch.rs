@@ -119,7 +119,12 @@ fn into_log(log: &str) -> std::io::Result<()> {
 /// only on failure.
 fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::Infallible, String> {
     let Prepared { map, userns, pasta } = prepared;
+    let image_disk = command.disk.as_ref().filter(|d| d.image.is_some());
     let (command, args) = if map.needs_idmapped_mounts() {
+        // An image is attached as host root, before the layer is cloned with it.
+        if let Some(disk) = image_disk {
+            disk.mount().map_err(|e| e.to_string())?;
+        }
         let staged = stage_idmapped(command, &userns).map_err(|e| e.to_string())?;
         userns::enter(&userns, map).map_err(|e| e.to_string())?;
         // A mount namespace of the sandbox's user namespace, where its root may mount the
@@ -127,9 +132,16 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
         private_mount_namespace()?;
         staged
     } else {
+        if image_disk.is_some() {
+            return Err("a layer image needs a root adapter".into());
+        }
         (command.clone(), command.args.clone())
     };
     drop(userns);
+    // A tmpfs from the sandbox's own user namespace: its files are the sandbox's.
+    if let Some(disk) = command.disk.as_ref().filter(|d| d.image.is_none()) {
+        disk.mount().map_err(|e| e.to_string())?;
+    }
     let options = command.overlay_options().map_err(|e| e.to_string())?;
     mount(
         Some("overlay"),
@@ -164,7 +176,8 @@ fn stage_idmapped(
     let mut args = parse_args(&command.args);
     // Clones first: the stage covers /tmp, where the originals may live.
     let lower = userns::idmapped_clone(Path::new(&command.lower), userns)?;
-    let layer = userns::idmapped_clone(Path::new(&command.layer), userns)?;
+    // Recursive: the layer's disk image is mounted in it.
+    let layer = userns::idmapped_clone_tree(Path::new(&command.layer), userns)?;
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
@@ -207,7 +220,15 @@ fn stage_idmapped(
             .map_err(|_| std::io::Error::other(format!("{path} is not in the sandbox's layer")))?;
         Ok(Path::new(&layer).join(relative).display().to_string())
     };
+    let disk = match &command.disk {
+        Some(disk) => Some(plugin_bwrap::disk::Disk {
+            at: in_layer(&disk.at)?,
+            ..disk.clone()
+        }),
+        None => None,
+    };
     let staged = LaunchCommand {
+        disk,
         upper: in_layer(&command.upper)?,
         work: in_layer(&command.work)?,
         merged: in_layer(&command.merged)?,

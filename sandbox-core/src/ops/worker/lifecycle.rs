@@ -134,6 +134,8 @@ async fn boot<B: Backend>(
         layer_dir: layer.clone(),
         cpus,
         memory_mb,
+        pids: plugin.config.max_pids_per_sandbox,
+        disk_mb: plugin.config.default_disk_mb,
         network: true,
         egress: crate::network::Egress {
             bus: crate::network::bus_address(&workers.engine_url),

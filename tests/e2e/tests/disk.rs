@@ -1,0 +1,215 @@
+//! Disk limits (issue 10) on the bwrap plugin: a sandbox's writable layer holds
+//! `default_disk_mb` and no more: past it the sandbox sees ENOSPC, the host's state
+//! filesystem did not pay for it, and the sandbox keeps serving; `/tmp` likewise. A worker
+//! VM's persistent layer (root adapter: an ext4 image) is bounded the same way and keeps
+//! what was written across starts. Bad values stop the adapter with exit 2 naming the key.
+
+mod sandbox_support;
+mod worker_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack};
+use iii_test_engine::Engine;
+use sandbox_support::{create, exec_ok, sh, stdout};
+use serde_json::json;
+use worker_support::{compose_options, wait_log, worker_ok};
+
+const DISK_MB: u64 = 64;
+/// What the host's filesystem may lose while a sandbox fills its layer (logs, the layer's
+/// directories, other tests writing at the same time).
+const SLACK_MB: u64 = 48;
+
+/// Bytes free on the filesystem holding `path`, as an ordinary process sees them.
+fn free_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("stat")
+        .args(["-f", "-c", "%a %S"])
+        .arg(path)
+        .output()
+        .expect("stat -f");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().unwrap());
+    let (blocks, size) = (parts.next().unwrap(), parts.next().unwrap());
+    blocks * size
+}
+
+/// Writes 1 MiB blocks to `path` until the kernel refuses; prints what it wrote and why it
+/// stopped.
+fn filler(path: &str) -> String {
+    format!(
+        r#"
+import errno, os
+block = b"x" * (1 << 20)
+written = 0
+try:
+    with open("{path}", "wb") as f:
+        for _ in range(4096):
+            f.write(block)
+            f.flush()
+            written += len(block)
+        os.fsync(f.fileno())
+    print("full no")
+except OSError as e:
+    print("errno", e.errno, errno.errorcode.get(e.errno))
+print("written_mb", written >> 20)
+"#
+    )
+}
+
+fn number(out: &str, key: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key:?} in {out:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothing() {
+    let test = "a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothing";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), Default::default()).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let isolation = &info["backend"]["isolation"];
+    println!("disk: {}", isolation["disk"]);
+    assert!(
+        isolation["limits_in_force"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|l| l == "disk")),
+        "{isolation}"
+    );
+    let id = create(&stack, "python", json!({})).await;
+    let state = stack.state_dir.path();
+    for target in ["/fill", "/tmp/fill", "/root/deeper/fill"] {
+        let before = free_bytes(state);
+        let script = if target.contains("deeper") {
+            "import os; os.makedirs('/root/deeper', exist_ok=True)\n".to_string() + &filler(target)
+        } else {
+            filler(target)
+        };
+        let result = exec_ok(
+            &stack,
+            &id,
+            json!({"argv": ["python3", "-c", script], "timeout_ms": 120_000}),
+        )
+        .await;
+        let after = free_bytes(state);
+        let out = stdout(&result).to_string();
+        let lost_mb = before.saturating_sub(after) >> 20;
+        println!(
+            "{target}: {} ; host free before {} MiB, after {} MiB",
+            out.replace('\n', " "),
+            before >> 20,
+            after >> 20
+        );
+        assert!(out.contains("errno 28 ENOSPC"), "{target}: ENOSPC: {out}");
+        assert!(
+            number(&out, "written_mb ") <= DISK_MB,
+            "{target}: at most {DISK_MB} MiB: {out}"
+        );
+        assert!(
+            lost_mb < SLACK_MB,
+            "{target}: the host's filesystem lost {lost_mb} MiB"
+        );
+        // Still serving; and space comes back once the file is gone.
+        let echo = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
+        assert_eq!(stdout(&echo), "ok\n");
+        let again = exec_ok(
+            &stack,
+            &id,
+            sh(&format!(
+                "rm {target} && head -c 1048576 /dev/zero > {target} && wc -c < {target} && rm {target}"
+            )),
+        )
+        .await;
+        assert_eq!(stdout(&again).trim(), "1048576", "{again}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_disk_values_stop_the_adapter_naming_the_key() {
+    let cases = [
+        (json!({"default_disk_mb": 0}), "`default_disk_mb`"),
+        (json!({"max_disk_mb": "lots"}), "`max_disk_mb`"),
+        (json!({"default_disk_mb": -3}), "`default_disk_mb`"),
+        (
+            json!({"default_disk_mb": 100, "max_disk_mb": 50}),
+            "`default_disk_mb`: 100 is above `max_disk_mb` (50)",
+        ),
+    ];
+    let mut builder = Engine::builder();
+    for (index, (value, _)) in cases.iter().enumerate() {
+        builder = builder.with_config(format!("disk-case-{index}"), value.clone());
+    }
+    let engine = builder
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("engine");
+    let mut adapters: Vec<_> = (0..cases.len())
+        .map(|index| {
+            let options = AdapterOptions {
+                prefix: Some(format!("disk-case-{index}")),
+                worker_name: format!("disk-case-{index}"),
+                config_name: format!("disk-case-{index}"),
+                ..AdapterOptions::default()
+            };
+            Adapter::spawn(&engine.url(), &options)
+        })
+        .collect();
+    for (adapter, (value, expected)) in adapters.iter_mut().zip(&cases) {
+        let status = adapter
+            .wait_exit(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{value}: the adapter still runs\n{}", adapter.log()));
+        let log = adapter.log();
+        assert_eq!(status.code(), Some(2), "{value}: {log}");
+        assert!(log.contains(expected), "{value}: {expected} in {log}");
+        assert!(!log.contains("panicked"), "{value}: {log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
+    let test = "a_worker_layer_is_bounded_and_keeps_its_files_across_starts";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let project = e2e_tests::host_dir();
+    let options = compose_options(project.path());
+    let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let worker_layers = info["backend"]["isolation"]["disk"]["worker_layers"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if worker_layers.starts_with("NOT bounded") {
+        println!("\n*** {test} DID NOT RUN: {worker_layers} ***\n");
+        return;
+    }
+    let vm = json!({"vm_id": "disk", "image": "python", "host_path": project.path()});
+    worker_ok(&stack, "prepare", vm).await;
+    let state = stack.state_dir.path();
+    let before = free_bytes(state);
+    let script = format!(
+        "{}\nopen('/opt-kept', 'w').write('kept')\nprint('done-filling', flush=True)\nimport time\ntime.sleep(600)\n",
+        filler("/fill")
+    );
+    let start = json!({"vm_id": "disk", "command": ["python3", "-c", script]});
+    worker_ok(&stack, "start", start.clone()).await;
+    let log = wait_log(&stack, "disk", "done-filling", 1, Duration::from_secs(120)).await;
+    let lost_mb = before.saturating_sub(free_bytes(state)) >> 20;
+    println!(
+        "worker: {} ; the host lost {lost_mb} MiB",
+        log.replace('\n', " ")
+    );
+    assert!(log.contains("errno 28 ENOSPC"), "{log}");
+    assert!(number(&log, "written_mb ") <= DISK_MB, "{log}");
+    // The image file holds at most its size; the host may pay up to that, not more.
+    assert!(lost_mb < DISK_MB + SLACK_MB, "the host lost {lost_mb} MiB");
+    worker_ok(&stack, "stop", json!({"vm_id": "disk", "timeout_ms": 2000})).await;
+    let check = json!({"vm_id": "disk", "command": ["/bin/sh", "-c", "cat /opt-kept; echo; echo checked; sleep 600"]});
+    worker_ok(&stack, "start", check).await;
+    let log = wait_log(&stack, "disk", "checked", 1, Duration::from_secs(60)).await;
+    assert!(log.contains("kept\nchecked"), "the layer persisted: {log}");
+    worker_ok(&stack, "stop", json!({"vm_id": "disk", "timeout_ms": 2000})).await;
+}
