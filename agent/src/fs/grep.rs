@@ -5,16 +5,26 @@
 //! `truncated` is set when a further match exists beyond `max_matches`, or when the
 //! reply would outgrow one frame (`wire::REPLY_BUDGET`).
 //!
-//! Files up to `WHOLE_FILE_MAX` are searched as one buffer: the regex (with `^`/`$` at line
-//! boundaries) skips to a candidate, and the candidate's line is then checked on its own, so
-//! the result is exactly that of a line-by-line search, several times faster. Larger files,
-//! and patterns whose meaning differs between a buffer and a line (`\A`, `\z`, a `-m`
-//! flag), are read line by line with bounded memory.
+//! Files up to `WHOLE_FILE_MAX` are read into a buffer each search thread reuses and searched
+//! as one buffer: the regex (with `^`/`$` at line boundaries) skips to a candidate, and the
+//! candidate's line is then checked on its own, so the result is exactly that of a
+//! line-by-line search, several times faster. Larger files, and patterns whose meaning
+//! differs between a buffer and a line (`\A`, `\z`, a `-m` flag), are read line by line with
+//! bounded memory.
+//!
+//! A directory is walked by one thread (the descriptor walk of `walk`: nothing is ever
+//! opened through a link) which opens each file and hands it to up to `MAX_WORKERS` search
+//! threads; their results are merged in walk order, so the reply is the one a single thread
+//! gives. What the threads hold unmerged is bounded by `HELD_MAX` bytes of matches and
+//! `WINDOW` files: a file whose matches would pass the bound is searched again, in turn.
 
+use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
 
 use agent_proto::fs::{GrepMatch, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES};
 use agent_proto::{FsError, FsErrorCode, FsResponse};
@@ -33,6 +43,14 @@ const SCAN_LINE_CAP: usize = 8 * 1024 * 1024;
 const WHOLE_FILE_MAX: u64 = 16 * 1024 * 1024;
 /// JSON around one match besides its two strings: `{"path":,"line":N,"content":},`.
 const MATCH_OVERHEAD: usize = 64;
+/// Search threads of one request at most (each may hold a `WHOLE_FILE_MAX` buffer).
+const MAX_WORKERS: usize = 4;
+/// Files opened and not yet merged, at most.
+const WINDOW: usize = 64;
+/// Bytes of matches (as encoded) the search threads hold unmerged, at most.
+const HELD_MAX: usize = REPLY_BUDGET;
+/// A search thread's buffer larger than this is released after its file.
+const SCRATCH_KEEP: usize = 1024 * 1024;
 
 /// One `fs::grep` request, as the agent receives it.
 pub struct Query<'a> {
@@ -46,6 +64,19 @@ pub struct Query<'a> {
 }
 
 pub fn grep(root: &Path, query: &Query) -> Result<FsResponse, FsError> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_WORKERS);
+    grep_with(root, query, workers, HELD_MAX)
+}
+
+/// [`grep`] with `workers` search threads holding at most `held_max` bytes unmerged.
+fn grep_with(
+    root: &Path,
+    query: &Query,
+    workers: usize,
+    held_max: usize,
+) -> Result<FsResponse, FsError> {
     if !(1..=GREP_MAX_MATCHES).contains(&query.max_matches) {
         return Err(FsError::new(
             FsErrorCode::BadRequest,
@@ -58,33 +89,62 @@ pub fn grep(root: &Path, query: &Query) -> Result<FsResponse, FsError> {
             format!("max_line_bytes must be 0..={GREP_MAX_LINE_BYTES}"),
         ));
     }
-    let regex = Patterns::new(query.pattern, query.ignore_case)?;
-    let filter = Filter::new(query.include_glob, query.exclude_glob)?;
-    let mut hits = Hits {
-        matches: Vec::new(),
-        max: query.max_matches as usize,
-        budget: REPLY_BUDGET,
-        truncated: false,
+    let search = Search {
+        patterns: Patterns::new(query.pattern, query.ignore_case)?,
+        line_bytes: query.max_line_bytes as usize,
     };
-    let line_bytes = query.max_line_bytes as usize;
+    let filter = Filter::new(query.include_glob, query.exclude_glob)?;
+    let mut hits = Hits::new(query.max_matches as usize);
     match walk::start(root)? {
         // A file named as the root: its errors are the call's.
         walk::Start::File => {
-            let searched = File::open(root)
-                .and_then(|file| search_file(file, root, &regex, line_bytes, &mut hits));
+            let shown = root.to_string_lossy();
+            let searched = File::open(root).and_then(|file| {
+                let meta = file.metadata()?;
+                if !meta.is_file() {
+                    return Ok(ControlFlow::Continue(())); // swapped for a FIFO or a device
+                }
+                search.file(
+                    &file,
+                    meta.len(),
+                    &mut Vec::new(),
+                    &mut |number, content| hits.push(&shown, number, content),
+                )
+            });
             if let Err(e) = searched {
                 return Err(os_error(root, e));
             }
         }
-        // Files met while walking are opened from the directory holding them; those that
-        // cannot be read are skipped.
-        walk::Start::Dir(dir) => walk::files(&dir, root, query.recursive, &filter, &mut |found| {
-            let searched = found
-                .dir
-                .open_file(found.name)
-                .and_then(|file| search_file(file, found.path, &regex, line_bytes, &mut hits));
-            searched.unwrap_or(ControlFlow::Continue(()))
-        })?,
+        walk::Start::Dir(dir) => {
+            let files = |visit: &mut dyn FnMut(String, File, u64) -> ControlFlow<()>| {
+                walk::files(&dir, root, query.recursive, &filter, &mut |found| {
+                    // Opened from the directory holding it; one that cannot be is skipped.
+                    let Ok(file) = found.dir.open_file(found.name) else {
+                        return ControlFlow::Continue(());
+                    };
+                    match file.metadata() {
+                        // Not one swapped for a FIFO or a device meanwhile.
+                        Ok(meta) if meta.is_file() => {
+                            visit(found.path.to_string_lossy().into_owned(), file, meta.len())
+                        }
+                        _ => ControlFlow::Continue(()),
+                    }
+                })
+            };
+            if workers > 1 {
+                in_parallel(&search, &mut hits, workers, held_max, files)?;
+            } else {
+                let mut scratch = Vec::new();
+                files(&mut |path, file, len| {
+                    // A file that fails midway keeps the matches found before.
+                    search
+                        .file(&file, len, &mut scratch, &mut |number, content| {
+                            hits.push(&path, number, content)
+                        })
+                        .unwrap_or(ControlFlow::Continue(()))
+                })?;
+            }
+        }
     }
     Ok(FsResponse::Matches {
         matches: hits.matches,
@@ -101,6 +161,15 @@ struct Hits {
 }
 
 impl Hits {
+    fn new(max: usize) -> Hits {
+        Hits {
+            matches: Vec::new(),
+            max,
+            budget: REPLY_BUDGET,
+            truncated: false,
+        }
+    }
+
     fn push(&mut self, path: &str, line: u64, content: String) -> ControlFlow<()> {
         let cost = json_str_len(path) + json_str_len(&content) + MATCH_OVERHEAD;
         if self.matches.len() >= self.max || cost > self.budget {
@@ -115,6 +184,220 @@ impl Hits {
         });
         ControlFlow::Continue(())
     }
+}
+
+/// A file handed to a search thread, numbered in walk order.
+struct Job {
+    seq: usize,
+    path: String,
+    file: File,
+    len: u64,
+    /// Room left in the reply when the file was handed out: never less at its merge.
+    room_matches: usize,
+    room_bytes: usize,
+}
+
+/// What a search thread found in one file.
+#[derive(Default)]
+struct Found {
+    matches: Vec<(u64, String)>,
+    /// Encoded bytes of `matches`, counted in the shared `held`.
+    held: usize,
+    /// False when `HELD_MAX` stopped it early: the file is searched again at its merge.
+    complete: bool,
+}
+
+/// Searches the files `walk` yields on `workers` threads and merges their matches into
+/// `hits` in walk order, exactly as one thread would have pushed them.
+fn in_parallel<W>(
+    search: &Search,
+    hits: &mut Hits,
+    workers: usize,
+    held_max: usize,
+    walk: W,
+) -> Result<(), FsError>
+where
+    W: FnOnce(&mut dyn FnMut(String, File, u64) -> ControlFlow<()>) -> Result<(), FsError>,
+{
+    let held = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (job_tx, job_rx) = mpsc::sync_channel::<Job>(WINDOW);
+    let job_rx = Mutex::new(job_rx);
+    let (found_tx, found_rx) = mpsc::channel::<(Job, Found)>();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            let found_tx = found_tx.clone();
+            let (job_rx, held, stop) = (&job_rx, &held, &stop);
+            scope.spawn(move || {
+                let mut scratch = Vec::new();
+                loop {
+                    let next = job_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok(job) = next else {
+                        return; // the walk is over
+                    };
+                    let found = if stop.load(Ordering::Relaxed) {
+                        Found::default()
+                    } else {
+                        search_job(search, &job, &mut scratch, held, held_max)
+                    };
+                    if found_tx.send((job, found)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        // Only the search threads hold senders: should they all end, `recv` says so.
+        drop(found_tx);
+        let mut merge = Merge {
+            search,
+            hits,
+            held: &held,
+            waiting: BTreeMap::new(),
+            next: 0,
+            scratch: Vec::new(),
+        };
+        let (mut sent, mut stopped) = (0, false);
+        let walked = walk(&mut |path, file, len| {
+            let flow = visit(&mut merge, &found_rx, &mut sent, &job_tx, path, file, len);
+            stopped = flow.is_break();
+            flow
+        });
+        // No more files: the threads end once the queue is empty.
+        drop(job_tx);
+        // The walk ends early only when the reply is full (or no thread is left): the files
+        // still out are then not merged.
+        let mut done = stopped;
+        while walked.is_ok() && !done && merge.next < sent {
+            done = merge.wait(&found_rx).is_break();
+        }
+        // Whatever is still queued is skipped.
+        stop.store(true, Ordering::Relaxed);
+        walked
+    })
+}
+
+/// Hands one file of the walk to the search threads (waiting while `WINDOW` files are out)
+/// and merges what has come back; breaks once the reply is full.
+fn visit(
+    merge: &mut Merge,
+    found_rx: &mpsc::Receiver<(Job, Found)>,
+    sent: &mut usize,
+    job_tx: &mpsc::SyncSender<Job>,
+    path: String,
+    file: File,
+    len: u64,
+) -> ControlFlow<()> {
+    while *sent - merge.next >= WINDOW {
+        merge.wait(found_rx)?;
+    }
+    let job = Job {
+        seq: *sent,
+        path,
+        file,
+        len,
+        room_matches: merge.hits.max - merge.hits.matches.len(),
+        room_bytes: merge.hits.budget,
+    };
+    if job_tx.send(job).is_err() {
+        return ControlFlow::Break(()); // no search thread left
+    }
+    *sent += 1;
+    merge.ready(found_rx)
+}
+
+/// The search threads' results, put back in walk order.
+struct Merge<'a> {
+    search: &'a Search,
+    hits: &'a mut Hits,
+    held: &'a AtomicUsize,
+    waiting: BTreeMap<usize, (Job, Found)>,
+    /// The number of the next file to merge.
+    next: usize,
+    scratch: Vec<u8>,
+}
+
+impl Merge<'_> {
+    /// Merges what has arrived, without waiting.
+    fn ready(&mut self, rx: &mpsc::Receiver<(Job, Found)>) -> ControlFlow<()> {
+        while let Ok((job, found)) = rx.try_recv() {
+            self.waiting.insert(job.seq, (job, found));
+        }
+        self.drain()
+    }
+
+    /// Waits for one more file's result, then merges what is in order.
+    fn wait(&mut self, rx: &mpsc::Receiver<(Job, Found)>) -> ControlFlow<()> {
+        match rx.recv() {
+            Ok((job, found)) => {
+                self.waiting.insert(job.seq, (job, found));
+                self.drain()
+            }
+            Err(_) => ControlFlow::Break(()), // the search threads are gone
+        }
+    }
+
+    fn drain(&mut self) -> ControlFlow<()> {
+        while let Some((job, found)) = self.waiting.remove(&self.next) {
+            self.next += 1;
+            self.held.fetch_sub(found.held, Ordering::Relaxed);
+            let hits = &mut *self.hits;
+            if found.complete {
+                for (number, content) in found.matches {
+                    hits.push(&job.path, number, content)?;
+                }
+                continue;
+            }
+            drop(found);
+            // Stopped by the bound: searched again from its start, straight into the reply.
+            let mut file = &job.file;
+            let again = file.rewind().and_then(|()| {
+                self.search
+                    .file(file, job.len, &mut self.scratch, &mut |number, content| {
+                        hits.push(&job.path, number, content)
+                    })
+            });
+            again.unwrap_or(ControlFlow::Continue(()))?;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// One file searched by a search thread. It keeps matches while a reply with the room the
+/// job saw could take them (and the one that would not fit, which truncates at the merge),
+/// and while `held` stays within `held_max`.
+fn search_job(
+    search: &Search,
+    job: &Job,
+    scratch: &mut Vec<u8>,
+    held: &AtomicUsize,
+    held_max: usize,
+) -> Found {
+    let path_cost = json_str_len(&job.path) + MATCH_OVERHEAD;
+    let (mut room_matches, mut room_bytes) = (job.room_matches, job.room_bytes);
+    let mut found = Found {
+        complete: true,
+        ..Found::default()
+    };
+    let searched = search.file(&job.file, job.len, scratch, &mut |number, content| {
+        let cost = path_cost + json_str_len(&content);
+        let last = room_matches == 0 || cost > room_bytes;
+        if held.fetch_add(cost, Ordering::Relaxed) + cost > held_max && !last {
+            held.fetch_sub(cost, Ordering::Relaxed);
+            found.complete = false;
+            return ControlFlow::Break(());
+        }
+        found.held += cost;
+        found.matches.push((number, content));
+        if last {
+            return ControlFlow::Break(());
+        }
+        room_matches -= 1;
+        room_bytes -= cost;
+        ControlFlow::Continue(())
+    });
+    // A file that fails midway keeps the matches found before, as a single thread does.
+    drop(searched);
+    found
 }
 
 /// The pattern compiled for a line, and for a whole buffer when that means the same.
@@ -136,48 +419,91 @@ impl Patterns {
     }
 }
 
-fn search_file(
-    mut file: File,
-    path: &Path,
-    patterns: &Patterns,
+/// What a search looks for and how a matching line is shown.
+struct Search {
+    patterns: Patterns,
     line_bytes: usize,
-    hits: &mut Hits,
-) -> io::Result<ControlFlow<()>> {
-    if !file.metadata()?.is_file() {
-        return Ok(ControlFlow::Continue(())); // swapped for a FIFO or a device meanwhile
+}
+
+impl Search {
+    /// Calls `found(number, content)` for each matching line of `file` (a regular file of
+    /// `len` bytes when opened), until it breaks. `scratch` is the buffer reused per file.
+    fn file(
+        &self,
+        file: &File,
+        len: u64,
+        scratch: &mut Vec<u8>,
+        found: &mut dyn FnMut(u64, String) -> ControlFlow<()>,
+    ) -> io::Result<ControlFlow<()>> {
+        let result = self.file_in(file, len, scratch, found);
+        if scratch.len() > SCRATCH_KEEP {
+            *scratch = Vec::new();
+        }
+        result
     }
-    let mut head = Vec::with_capacity(BINARY_PROBE);
-    (&mut file)
-        .take(BINARY_PROBE as u64)
-        .read_to_end(&mut head)?;
-    if is_binary(&head) {
-        return Ok(ControlFlow::Continue(()));
+
+    fn file_in(
+        &self,
+        mut file: &File,
+        len: u64,
+        scratch: &mut Vec<u8>,
+        found: &mut dyn FnMut(u64, String) -> ControlFlow<()>,
+    ) -> io::Result<ControlFlow<()>> {
+        let head = fill(file, scratch, 0, BINARY_PROBE)?;
+        if is_binary(&scratch[..head]) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let line_bytes = self.line_bytes;
+        let mut found = |number: u64, line: &[u8]| {
+            found(
+                number,
+                String::from_utf8_lossy(cut(line, line_bytes)).into_owned(),
+            )
+        };
+        if let Some(buffer) = &self.patterns.buffer {
+            if len <= WHOLE_FILE_MAX {
+                // One byte past the size, to see a file grown meanwhile: searched up to the bound.
+                let (mut filled, first) = (head, (len as usize + 1).min(WHOLE_FILE_MAX as usize));
+                if head == BINARY_PROBE {
+                    filled = fill(file, scratch, head, first)?;
+                    if filled == first {
+                        filled = fill(file, scratch, filled, WHOLE_FILE_MAX as usize)?;
+                    }
+                }
+                let data = &scratch[..filled];
+                return Ok(search_buffer(data, buffer, &self.patterns.line, &mut found));
+            }
+        }
+        let head = io::Cursor::new(&scratch[..head]);
+        let mut reader = BufReader::with_capacity(64 * 1024, head.chain(&mut file));
+        let mut line = Vec::new();
+        let mut number = 0u64;
+        while next_line(&mut reader, &mut line, SCAN_LINE_CAP)? {
+            number += 1;
+            if self.patterns.line.is_match(&line) && found(number, &line).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
     }
-    let shown = path.to_string_lossy();
-    let mut found = |number: u64, line: &[u8]| {
-        let content = String::from_utf8_lossy(cut(line, line_bytes)).into_owned();
-        hits.push(&shown, number, content)
-    };
-    if let Some(buffer) = &patterns.buffer {
-        if file.metadata()?.len() <= WHOLE_FILE_MAX {
-            let mut data = head;
-            // A file growing meanwhile is searched up to the bound.
-            (&mut file)
-                .take(WHOLE_FILE_MAX.saturating_sub(data.len() as u64))
-                .read_to_end(&mut data)?;
-            return Ok(search_buffer(&data, buffer, &patterns.line, &mut found));
+}
+
+/// Reads `file` into `buf[from..]` until `upto` bytes are there or the file ends; the
+/// buffer only ever grows (its bytes past what was read are stale). Returns the bytes held.
+fn fill(mut file: &File, buf: &mut Vec<u8>, from: usize, upto: usize) -> io::Result<usize> {
+    if buf.len() < upto {
+        buf.resize(upto, 0);
+    }
+    let mut filled = from;
+    while filled < upto {
+        match file.read(&mut buf[filled..upto]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-    let mut reader = BufReader::with_capacity(64 * 1024, io::Cursor::new(head).chain(file));
-    let mut line = Vec::new();
-    let mut number = 0u64;
-    while next_line(&mut reader, &mut line, SCAN_LINE_CAP)? {
-        number += 1;
-        if patterns.line.is_match(&line) && found(number, &line).is_break() {
-            return Ok(ControlFlow::Break(()));
-        }
-    }
-    Ok(ControlFlow::Continue(()))
+    Ok(filled)
 }
 
 /// Calls `found(number, line)` for each line of `data` that `line_re` matches, using the
@@ -215,7 +541,7 @@ fn search_buffer(
 
 /// GNU grep's test: a NUL byte in the probed head.
 pub fn is_binary(head: &[u8]) -> bool {
-    head.iter().take(BINARY_PROBE).any(|&b| b == 0)
+    memchr::memchr(0, &head[..head.len().min(BINARY_PROBE)]).is_some()
 }
 
 /// Reads the next line into `line` without its newline, keeping at most `cap` bytes of it
@@ -472,5 +798,53 @@ mod tests {
                 .code,
             FsErrorCode::NotFound
         );
+    }
+
+    #[test]
+    fn threads_give_exactly_the_reply_of_one_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        // Files of unequal sizes (some past one probe, one empty, one binary) in nested
+        // directories, so that the search threads finish out of walk order.
+        for f in 0..150usize {
+            let sub = dir.path().join(format!("d{}/e{}", f % 7, f % 3));
+            std::fs::create_dir_all(&sub).unwrap();
+            let lines = (f * 37) % 900;
+            let mut text = String::new();
+            for l in 0..lines {
+                let word = if (f + l) % 11 == 0 { "hit" } else { "miss" };
+                text.push_str(&format!("{word} {l} {}\n", "x".repeat((f * l) % 50)));
+            }
+            std::fs::write(sub.join(format!("f{f:03}")), text).unwrap();
+        }
+        std::fs::write(dir.path().join("d0/bin"), b"hit\0hit\n").unwrap();
+        let serial = |q: &Query| grep_with(dir.path(), q, 1, HELD_MAX).unwrap();
+        for max_matches in [1, 2, 7, 100, 1000, 100_000] {
+            for pattern in ["hit", "^miss 1", "zzz"] {
+                let mut q = query(pattern);
+                q.max_matches = max_matches;
+                let expected = serial(&q);
+                let rows = matches(expected.clone()).0.len();
+                assert!(rows > 0 || pattern == "zzz");
+                // A small bound on what the threads hold makes them stop early, and the
+                // merge search those files again.
+                for held_max in [HELD_MAX, 300, 0] {
+                    for workers in [2, 3] {
+                        let got = grep_with(dir.path(), &q, workers, held_max).unwrap();
+                        assert_eq!(
+                            matches(got),
+                            matches(expected.clone()),
+                            "{pattern:?} max {max_matches} held {held_max} workers {workers}"
+                        );
+                    }
+                }
+            }
+        }
+        // The byte budget truncates across files the same way.
+        let mut q = query("\\d");
+        q.max_line_bytes = GREP_MAX_LINE_BYTES;
+        let expected = matches(serial(&q));
+        assert!(expected.1, "the budget is reached");
+        let got = matches(grep_with(dir.path(), &q, 2, 300).unwrap());
+        assert_eq!(got, expected);
     }
 }
