@@ -57,6 +57,7 @@ impl BwrapBackend {
         let probe = cgroup::Group::create();
         let mut limits_in_force = probe.enforceable();
         probe.remove_if_empty();
+        tracing::info!(placement = %cgroup::Placement::get().describe(), in_force = ?limits_in_force, "sandboxes' cgroups");
         if limits_in_force.len() < 3 {
             tracing::warn!(
                 in_force = ?limits_in_force,
@@ -298,6 +299,7 @@ impl Backend for BwrapBackend {
             "seccomp": true,
             "read_only": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "read-only binds (a worker's /worker, the agent)"],
             "limits_in_force": self.limits_in_force,
+            "cgroups": cgroup::Placement::get().describe(),
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
                 "worker_layers": worker_layer_disk(self.mke2fs.is_some()),

@@ -5,6 +5,14 @@
 //!
 //! Groups are made for a launcher before its sandbox is known (see `launch.rs`), so they are
 //! named `launcher-<uuid>`; each sandbox's layer records the name of the group it got.
+//!
+//! Placement (v2): when the adapter's own cgroup (`/proc/self/cgroup`) is not the root and is
+//! writable by it (a delegated subtree: systemd's `Delegate=yes`, a container's cgroup
+//! namespace), sandboxes go beneath it, at `<own>/sandboxes/launcher-<uuid>`, so a limit an
+//! operator puts on the adapter's service covers them; the adapter first moves its own
+//! processes to the leaf `<own>/adapter` (cgroup v2 allows no processes in a group that
+//! hands controllers to its children). Otherwise, and on v1 (no delegation model; each
+//! hierarchy at its root), `sandbox-libkrun/` at the hierarchy's root as before.
 
 use std::fs;
 use std::io;
@@ -19,6 +27,126 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// hierarchy each.
 const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 
+/// Where this adapter's groups are made: one parent on v2, one per controller on v1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub v2: bool,
+    pub parents: Vec<PathBuf>,
+    /// Under the adapter's own (delegated) cgroup, else at the hierarchy root.
+    pub delegated: bool,
+}
+
+impl Placement {
+    /// Works out (once per process) where groups go, moving the adapter to its leaf if it
+    /// must.
+    pub fn get() -> &'static Placement {
+        static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
+        PLACEMENT.get_or_init(|| {
+            let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            Placement::decide(Path::new(ROOT), &own)
+        })
+    }
+
+    fn decide(root: &Path, self_cgroup: &str) -> Placement {
+        let v2 = root.join("cgroup.controllers").exists();
+        if !v2 {
+            return Placement {
+                v2,
+                parents: CONTROLLERS
+                    .iter()
+                    .map(|c| root.join(c).join(GROUP))
+                    .collect(),
+                delegated: false,
+            };
+        }
+        let own = self_cgroup
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .map(|p| p.trim().trim_start_matches('/'))
+            .filter(|p| !p.is_empty() && !p.split('/').any(|c| c == ".."));
+        if let Some(own) = own {
+            match delegate(&root.join(own)) {
+                Ok(parent) => {
+                    return Placement {
+                        v2,
+                        parents: vec![parent],
+                        delegated: true,
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(own, error = %e, "the adapter's own cgroup is not delegated to it")
+                }
+            }
+        }
+        let enable = CONTROLLERS.map(|c| format!("+{c}")).join(" ");
+        let _ = fs::write(root.join("cgroup.subtree_control"), &enable);
+        let parent = root.join(GROUP);
+        let _ = fs::create_dir_all(&parent);
+        let _ = fs::write(parent.join("cgroup.subtree_control"), &enable);
+        Placement {
+            v2,
+            parents: vec![parent],
+            delegated: false,
+        }
+    }
+
+    /// One line for `adapter::info` and the log.
+    pub fn describe(&self) -> String {
+        let parents: Vec<String> = self
+            .parents
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        match (self.v2, self.delegated) {
+            (true, true) => format!("under the adapter's own delegated cgroup: {}", parents.join(", ")),
+            (true, false) => format!("at the hierarchy root (the adapter's own cgroup is the root or not writable by it): {}", parents.join(", ")),
+            (false, _) => format!("cgroup v1, at each hierarchy's root (no delegation on v1): {}", parents.join(", ")),
+        }
+    }
+}
+
+/// Makes `own` hand the controllers to `own/sandboxes`, with the adapter's processes moved
+/// to `own/adapter` first; the parent for sandboxes' groups.
+fn delegate(own: &Path) -> io::Result<PathBuf> {
+    let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
+    for file in ["", "cgroup.procs", "cgroup.subtree_control"] {
+        let path = own.join(file);
+        if !writable(&path) {
+            return Err(io::Error::other(format!(
+                "{} is not writable",
+                path.display()
+            )));
+        }
+    }
+    let available = fs::read_to_string(own.join("cgroup.controllers"))?;
+    let wanted: Vec<&str> = CONTROLLERS
+        .into_iter()
+        .filter(|c| available.split_whitespace().any(|a| a == *c))
+        .collect();
+    if wanted.is_empty() {
+        return Err(io::Error::other("no controller is delegated"));
+    }
+    let enable = wanted
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let leaf = own.join("adapter");
+    let sandboxes = own.join("sandboxes");
+    for dir in [&leaf, &sandboxes] {
+        match fs::create_dir(dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    // Only this process moves ("0": the writer): if others share the group (a shell's
+    // session), enabling the controllers fails (EBUSY) and the hierarchy root is used.
+    fs::write(leaf.join("cgroup.procs"), "0")?;
+    fs::write(own.join("cgroup.subtree_control"), &enable)?;
+    fs::write(sandboxes.join("cgroup.subtree_control"), &enable)?;
+    Ok(sandboxes)
+}
+
 /// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox.
 pub struct Group {
     name: String,
@@ -31,29 +159,18 @@ impl Group {
     /// Makes a fresh group in every writable hierarchy. Failures only cost the limits.
     pub fn create() -> Self {
         let name = format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4());
-        let mut dirs = Vec::new();
-        let v2 = is_v2();
-        if v2 {
-            let enable = CONTROLLERS.map(|c| format!("+{c}")).join(" ");
-            let _ = fs::write(Path::new(ROOT).join("cgroup.subtree_control"), &enable);
-            let dir = Path::new(ROOT).join(GROUP).join(&name);
-            let _ = fs::create_dir_all(&dir);
-            let _ = fs::write(
-                Path::new(ROOT).join(GROUP).join("cgroup.subtree_control"),
-                &enable,
-            );
-            if dir.is_dir() {
-                dirs.push(dir);
-            }
-        } else {
-            for controller in CONTROLLERS {
-                let dir = Path::new(ROOT).join(controller).join(GROUP).join(&name);
-                if fs::create_dir_all(&dir).is_ok() {
-                    dirs.push(dir);
-                }
-            }
+        let placement = Placement::get();
+        let dirs = placement
+            .parents
+            .iter()
+            .map(|parent| parent.join(&name))
+            .filter(|dir| fs::create_dir_all(dir).is_ok())
+            .collect();
+        Self {
+            name,
+            dirs,
+            v2: placement.v2,
         }
-        Self { name, dirs, v2 }
     }
 
     pub fn name(&self) -> &str {
@@ -93,6 +210,7 @@ impl Group {
         for dir in &self.dirs {
             let write = |file: &str, value: &str| fs::write(dir.join(file), value).is_ok();
             let v1 = |controller: &str| dir.starts_with(Path::new(ROOT).join(controller));
+
             if self.v2 {
                 memory_set = write("memory.max", &memory);
                 cpu_set = write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
@@ -151,13 +269,20 @@ pub fn sweep_unused_launcher_groups() {
     }
 }
 
-fn hierarchies() -> [PathBuf; 4] {
-    [
+/// Where groups of this adapter are, and where earlier versions made them.
+fn hierarchies() -> Vec<PathBuf> {
+    let mut all = Placement::get().parents.clone();
+    for legacy in [
         Path::new(ROOT).join(GROUP),
         Path::new(ROOT).join("memory").join(GROUP),
         Path::new(ROOT).join("cpu").join(GROUP),
         Path::new(ROOT).join("pids").join(GROUP),
-    ]
+    ] {
+        if !all.contains(&legacy) {
+            all.push(legacy);
+        }
+    }
+    all
 }
 
 fn remove_when_empty(dir: &Path, deadline: Instant) {
@@ -176,6 +301,71 @@ fn remove_when_empty(dir: &Path, deadline: Instant) {
     }
 }
 
-fn is_v2() -> bool {
-    Path::new(ROOT).join("cgroup.controllers").exists()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake v2 hierarchy whose `own` group holds two processes.
+    fn fake_v2(own: &str) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(
+            root.path().join("cgroup.controllers"),
+            "cpu memory pids io\n",
+        )
+        .unwrap();
+        let own = root.path().join(own);
+        std::fs::create_dir_all(&own).unwrap();
+        for (file, text) in [
+            ("cgroup.controllers", "memory pids\n"),
+            ("cgroup.procs", "41\n42\n"),
+            ("cgroup.subtree_control", ""),
+        ] {
+            std::fs::write(own.join(file), text).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn a_delegated_own_cgroup_holds_the_sandboxes_and_the_adapter_moves_to_a_leaf() {
+        let root = fake_v2("system.slice/iii.service");
+        let placement = Placement::decide(root.path(), "0::/system.slice/iii.service\n");
+        let own = root.path().join("system.slice/iii.service");
+        assert_eq!(
+            placement,
+            Placement {
+                v2: true,
+                parents: vec![own.join("sandboxes")],
+                delegated: true
+            }
+        );
+        // Only what is delegated is enabled, in both levels.
+        let control = |p: &Path| std::fs::read_to_string(p.join("cgroup.subtree_control")).unwrap();
+        assert_eq!(control(&own), "+memory +pids");
+        assert_eq!(control(&own.join("sandboxes")), "+memory +pids");
+        // The adapter itself ("0": the writing process) moved to the leaf.
+        assert_eq!(
+            std::fs::read_to_string(own.join("adapter/cgroup.procs")).unwrap(),
+            "0"
+        );
+        assert!(placement.describe().contains("delegated"));
+    }
+
+    #[test]
+    fn the_root_or_a_missing_own_cgroup_keeps_the_hierarchy_root() {
+        let root = fake_v2("x");
+        for self_cgroup in ["0::/\n", "0::/not/there\n", "0::/../etc\n", ""] {
+            let placement = Placement::decide(root.path(), self_cgroup);
+            assert_eq!(
+                placement.parents,
+                vec![root.path().join(GROUP)],
+                "{self_cgroup:?}"
+            );
+            assert!(!placement.delegated);
+        }
+        // v1: one parent per controller at its root, whatever /proc/self/cgroup says.
+        let v1 = tempfile::tempdir().unwrap();
+        let placement = Placement::decide(v1.path(), "4:memory:/some/where\n0::/\n");
+        assert!(!placement.v2 && !placement.delegated);
+        assert_eq!(placement.parents.len(), 3);
+    }
 }
