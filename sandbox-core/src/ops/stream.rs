@@ -15,6 +15,7 @@ use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::error::{FsCode, SandboxError};
 use crate::ops::exec::{agent_failure, result_json, OUTPUT_CAP};
@@ -24,8 +25,9 @@ use crate::registry::Sandbox;
 /// the agent protocol's cost units (bytes plus 64 per chunk).
 pub const WINDOW: u64 = 1024 * 1024;
 
-/// Once the program has ended, how long one line may wait for the caller to take it
-/// before the stream is given up (S218, or S200 when the exec timed out).
+/// Once the program has ended, how long the caller has to take the rest of the stream (the
+/// lines in flight and the exit line) before it is given up (S218, or S200 when the exec
+/// timed out).
 pub const DRAIN_STALL: Duration = Duration::from_secs(30);
 
 /// The caller's channel ends for one exec.
@@ -200,7 +202,7 @@ pub async fn run(
         }
         Err(e) => return Err(agent_failure(sandbox, e).await),
     };
-    let (ended_tx, ended) = watch::channel(false);
+    let (ended_tx, ended) = watch::channel(None::<Instant>);
     let stdin_broken = std::sync::Arc::new(std::sync::Mutex::new(None::<Broken>));
     let feeder = refs.stdin.as_ref().map(|r| {
         let reader = ChannelReader::new(engine_url, r);
@@ -237,7 +239,7 @@ pub async fn run(
                     Err(why) => {
                         broken = Some(Broken {
                             why,
-                            after_end: *ended.borrow(),
+                            after_end: ended.borrow().is_some(),
                         });
                         // Nobody takes the output any more: end the program.
                         handle.kill().await;
@@ -251,7 +253,7 @@ pub async fn run(
     };
     let exit = async {
         let exit = flow.exit.wait().await;
-        let _ = ended_tx.send(true);
+        let _ = ended_tx.send(Some(Instant::now()));
         exit
     };
     let ((copies, sent, mut broken, mut ended), exit) = tokio::join!(pump, exit);
@@ -318,19 +320,22 @@ pub async fn run(
 }
 
 /// Writes one NDJSON line. While the program runs it waits as long as the caller needs (the
-/// exec's deadline bounds that); once it has ended, [`DRAIN_STALL`] per line.
+/// exec's deadline bounds that); once it has ended, until [`DRAIN_STALL`] after the end.
 async fn write_line(
     writer: &ChannelWriter,
     line: &Value,
-    ended: &mut watch::Receiver<bool>,
+    ended: &mut watch::Receiver<Option<Instant>>,
 ) -> Result<(), String> {
     let mut bytes = serde_json::to_vec(line).map_err(|e| e.to_string())?;
     bytes.push(b'\n');
     let write = writer.write(&bytes);
     tokio::pin!(write);
     let stall = async {
-        let _ = ended.wait_for(|ended| *ended).await;
-        tokio::time::sleep(DRAIN_STALL).await;
+        let end = match ended.wait_for(Option::is_some).await {
+            Ok(end) => end.unwrap_or_else(Instant::now),
+            Err(_) => Instant::now(), // the exec's side is gone: it has ended
+        };
+        tokio::time::sleep_until(end + DRAIN_STALL).await;
     };
     tokio::select! {
         written = &mut write => written.map_err(|e| format!("writing into it failed: {e}")),
@@ -346,7 +351,7 @@ async fn write_line(
 async fn feed_stdin(
     reader: ChannelReader,
     handle: FlowHandle,
-    ended: watch::Receiver<bool>,
+    ended: watch::Receiver<Option<Instant>>,
     broken: std::sync::Arc<std::sync::Mutex<Option<Broken>>>,
 ) {
     loop {
@@ -363,7 +368,7 @@ async fn feed_stdin(
             Err(e) => {
                 *broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(Broken {
                     why: format!("reading it failed: {e}"),
-                    after_end: *ended.borrow(),
+                    after_end: ended.borrow().is_some(),
                 });
                 handle.kill().await;
                 return;
