@@ -360,6 +360,59 @@ async fn a_restart_leaves_no_pooled_sandbox_behind() {
     assert!(left_groups.is_empty(), "cgroups left: {left_groups:?}");
 }
 
+/// The pool lives in sandbox-core, so the libkrun plugin has it too: where microVMs boot (the
+/// VM lab) a create is served from it; where they cannot (no usable KVM) the pool says why in
+/// `adapter::info` and keeps retrying, and creates still answer S300.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_libkrun_plugin_keeps_a_pool_or_says_why_it_cannot() {
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        ..AdapterOptions::default()
+    };
+    let stack = Stack::start(json!({"warm_pool": {"python": 1}}), options).await;
+    let state = info(&stack).await;
+    if state["backend"]["ready"] == true {
+        wait_full(&stack, &[("python", 1)]).await;
+        let pooled = layer_ids(&stack);
+        let id = create(&stack, "python", json!({})).await;
+        assert!(pooled.contains(&id), "{id} came from the pool: {pooled:?}");
+        assert_eq!(boots_on_create(&stack).await, 0);
+        assert_eq!(stdout_of(&stack, &id, "echo ok").await, "ok\n");
+        return;
+    }
+    let reason = state["backend"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let said = eventually(Duration::from_secs(30), || async {
+        info(&stack).await["warm_pool"]["images"]["python"]["last_error"]
+            .as_str()
+            .is_some_and(|e| !reason.is_empty() && e.contains(&reason))
+    })
+    .await;
+    let state = info(&stack).await;
+    assert!(
+        said,
+        "the pool names the backend's reason ({reason}): {}",
+        state["warm_pool"]
+    );
+    assert_eq!(
+        state["warm_pool"]["images"]["python"]["ready"], 0,
+        "{state}"
+    );
+    assert_eq!(state["boots"]["for_warm_pool"], 0, "{state}");
+    let (code, _) = expect_err(
+        stack.call("create", json!({"image": "python"})).await,
+        "create where microVMs cannot boot",
+    );
+    assert_eq!(code, "S300");
+    assert_eq!(
+        list(&stack).await["pooled"],
+        0,
+        "a failed pool boot gives its slot back"
+    );
+}
+
 /// Every bad `warm_pool` stops the adapter at start (exit 2) with one line naming the key;
 /// half the cases on each plugin (both validate through sandbox-core).
 #[tokio::test(flavor = "multi_thread")]
