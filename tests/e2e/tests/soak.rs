@@ -1,0 +1,246 @@
+//! The bounded soak (issue 10) on the bwrap plugin: mixed create / exec / fs::write /
+//! fs::read / stop at the caps (`max_concurrent_sandboxes`, exec slots) for
+//! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), then the
+//! adapter's fds, threads and RSS, the sandboxes' cgroups, the host's mounts and the state
+//! directories must come back to where they started. Prints both snapshots.
+
+mod sandbox_support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use e2e_tests::{bwrap_usable, s_code, Stack};
+use sandbox_support::{eventually, status_kib};
+use serde_json::{json, Value};
+
+const CAP: usize = 4;
+const WORKERS: usize = 6;
+/// RSS the adapter may keep above its start after the soak (allocator caches, the image
+/// store's index).
+const RSS_SLACK_KIB: u64 = 96 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Snapshot {
+    fds: usize,
+    threads: u64,
+    rss_kib: u64,
+    cgroups: usize,
+    mounts: usize,
+    state_dirs: usize,
+}
+
+/// Directories named `launcher-*` anywhere in the cgroup hierarchies (a few levels deep:
+/// `<root>/<hierarchy>/<own...>/sandbox-libkrun|sandboxes/launcher-*`).
+fn count_groups(dir: &Path, depth: usize) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut count = 0;
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name().to_string_lossy().starts_with("launcher-") {
+            count += 1;
+        } else if depth > 0 {
+            count += count_groups(&entry.path(), depth - 1);
+        }
+    }
+    count
+}
+
+fn snapshot(stack: &Stack) -> Snapshot {
+    let pid = stack.adapter.pid();
+    let count = |path: String| std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0);
+    Snapshot {
+        fds: count(format!("/proc/{pid}/fd")),
+        threads: status_kib(pid, "Threads").unwrap_or(0),
+        rss_kib: status_kib(pid, "VmRSS").unwrap_or(0),
+        cgroups: count_groups(Path::new("/sys/fs/cgroup"), 6),
+        mounts: std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .map(|m| m.lines().count())
+            .unwrap_or(0),
+        state_dirs: count(
+            stack
+                .state_dir
+                .path()
+                .join("sandboxes")
+                .display()
+                .to_string(),
+        ),
+    }
+}
+
+/// Whether `now` is back at `start` (RSS within its slack; threads of the blocking pool may
+/// take their keep-alive to go).
+fn settled(start: &Snapshot, now: &Snapshot) -> bool {
+    now.fds <= start.fds
+        && now.threads <= start.threads
+        && now.rss_kib <= start.rss_kib + RSS_SLACK_KIB
+        && now.cgroups <= start.cgroups
+        && now.mounts <= start.mounts
+        && now.state_dirs <= start.state_dirs
+}
+
+#[derive(Default)]
+struct Counts {
+    creates: AtomicU64,
+    refused_at_cap: AtomicU64,
+    execs: AtomicU64,
+    writes: AtomicU64,
+    reads: AtomicU64,
+    stops: AtomicU64,
+}
+
+async fn call(stack: &Stack, function: &str, payload: Value) -> Value {
+    stack
+        .call(function, payload)
+        .await
+        .unwrap_or_else(|e| panic!("{function}: {e:?}\n{}", stack.adapter.log()))
+}
+
+/// One client: create (S400 at the cap: wait and again), a few execs and a file round trip
+/// at once, then stop.
+async fn client(stack: Arc<Stack>, deadline: Instant, counts: Arc<Counts>, seed: usize) {
+    let content = vec![b'a' + (seed % 26) as u8; 256 * 1024];
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&content);
+    while Instant::now() < deadline {
+        let created = stack.call("create", json!({"image": "python"})).await;
+        let id = match created {
+            Ok(answer) => answer["sandbox_id"].as_str().unwrap().to_string(),
+            Err(e) if s_code(&e) == "S400" => {
+                counts.refused_at_cap.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => panic!("create: {e:?}\n{}", stack.adapter.log()),
+        };
+        counts.creates.fetch_add(1, Ordering::Relaxed);
+        let execs = (0..3).map(|i| {
+            let stack = &stack;
+            let id = &id;
+            async move {
+                let out = call(
+                    stack,
+                    "exec",
+                    json!({"sandbox_id": id, "argv": ["sh", "-c", format!("echo {i}")]}),
+                )
+                .await;
+                assert_eq!(out["stdout"], format!("{i}\n"), "{out}");
+            }
+        });
+        let file = async {
+            let path = format!("/tmp/soak-{seed}");
+            let wrote = call(
+                &stack,
+                "fs::write",
+                json!({"sandbox_id": id, "path": path, "content_b64": b64}),
+            )
+            .await;
+            assert_eq!(wrote["bytes_written"], content.len(), "{wrote}");
+            let read = call(&stack, "fs::read", json!({"sandbox_id": id, "path": path})).await;
+            assert_eq!(read["size"], content.len(), "{read}");
+        };
+        futures::future::join(futures::future::join_all(execs), file).await;
+        counts.execs.fetch_add(3, Ordering::Relaxed);
+        counts.writes.fetch_add(1, Ordering::Relaxed);
+        counts.reads.fetch_add(1, Ordering::Relaxed);
+        let stopped = call(&stack, "stop", json!({"sandbox_id": id, "wait": true})).await;
+        assert_eq!(stopped["stopped"], true, "{stopped}");
+        counts.stops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_soak_at_the_caps_leaves_nothing_behind() {
+    let test = "a_soak_at_the_caps_leaves_nothing_behind";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let secs: u64 = std::env::var("SANDBOX_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let stack = Arc::new(
+        Stack::start(
+            json!({"max_concurrent_sandboxes": CAP, "default_disk_mb": 64}),
+            Default::default(),
+        )
+        .await,
+    );
+    // One round first, so what every create pulls in once (the image, the launcher pool,
+    // the runtime's threads) is in the baseline.
+    client(
+        Arc::clone(&stack),
+        Instant::now(),
+        Arc::new(Counts::default()),
+        0,
+    )
+    .await;
+    let warm = call(&stack, "create", json!({"image": "python"})).await;
+    let id = warm["sandbox_id"].as_str().unwrap();
+    call(&stack, "stop", json!({"sandbox_id": id, "wait": true})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = snapshot(&stack);
+
+    let counts = Arc::new(Counts::default());
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let clients: Vec<_> = (0..WORKERS)
+        .map(|seed| {
+            tokio::spawn(client(
+                Arc::clone(&stack),
+                deadline,
+                Arc::clone(&counts),
+                seed,
+            ))
+        })
+        .collect();
+    let mut peak = start;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = snapshot(&stack);
+        peak = Snapshot {
+            fds: peak.fds.max(now.fds),
+            threads: peak.threads.max(now.threads),
+            rss_kib: peak.rss_kib.max(now.rss_kib),
+            cgroups: peak.cgroups.max(now.cgroups),
+            mounts: peak.mounts.max(now.mounts),
+            state_dirs: peak.state_dirs.max(now.state_dirs),
+        };
+    }
+    for client in clients {
+        client.await.expect("a soak client panicked");
+    }
+    let came_back = eventually(Duration::from_secs(30), || async {
+        settled(&start, &snapshot(&stack))
+    })
+    .await;
+    let end = snapshot(&stack);
+    let total = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "soak of {secs} s, {WORKERS} clients, cap {CAP}: {} creates ({} refused at the cap), {} execs, {} writes, {} reads, {} stops",
+        total(&counts.creates),
+        total(&counts.refused_at_cap),
+        total(&counts.execs),
+        total(&counts.writes),
+        total(&counts.reads),
+        total(&counts.stops)
+    );
+    println!("| | fds | threads | RSS KiB | cgroups | mounts | state dirs |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, s) in [("start", start), ("peak", peak), ("end", end)] {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} |",
+            s.fds, s.threads, s.rss_kib, s.cgroups, s.mounts, s.state_dirs
+        );
+    }
+    assert!(total(&counts.stops) > 0, "the soak ran no sandbox");
+    assert!(
+        came_back,
+        "the adapter did not come back to where it started: start {start:?}, end {end:?}\n{}",
+        stack.adapter.log()
+    );
+}
