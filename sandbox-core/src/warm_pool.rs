@@ -473,6 +473,27 @@ mod tests {
     }
 
     #[test]
+    fn pool_slots_count_against_the_cap_and_pass_to_a_create() {
+        let registry = crate::registry::Registry::new(2);
+        assert!(registry.hold_pool_slot());
+        assert!(registry.hold_pool_slot());
+        assert!(!registry.hold_pool_slot(), "the cap holds for the pool");
+        assert!(registry.reserve().is_err(), "and for creates");
+        let occupancy = registry.occupancy();
+        assert_eq!((occupancy.in_flight, occupancy.pooled), (0, 2));
+        let reservation = registry.pool_slot_for_create();
+        let occupancy = registry.occupancy();
+        assert_eq!((occupancy.in_flight, occupancy.pooled), (1, 1));
+        assert!(!registry.hold_pool_slot(), "the slot passed, none freed");
+        drop(reservation); // the create failed: its slot is free
+        assert!(registry.hold_pool_slot());
+        registry.release_pool_slot();
+        registry.release_pool_slot();
+        assert_eq!(registry.occupancy().pooled, 0);
+        assert!(registry.reserve().is_ok());
+    }
+
+    #[test]
     fn only_a_create_asking_the_boot_defaults_of_a_pooled_image_is_served() {
         let config = config(
             json!({"warm_pool": {"python": 1}, "default_cpus": 1, "default_memory_mb": 512}),
