@@ -166,6 +166,12 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     rules.push_str(
         "  chain output {\n    type filter hook output priority filter; policy accept;\n    oifname \"lo\" accept\n",
     );
+    // The redirected DNS: its output interface is still the one routed before the redirect
+    // (`oifname` is not "lo"), its destination the proxy on our own loopback.
+    let _ = writeln!(
+        rules,
+        "    ip daddr 127.0.0.1 th dport {DNS_PROXY_PORT} ct status dnat accept\n    ip6 daddr ::1 th dport {DNS_PROXY_PORT} ct status dnat accept"
+    );
     // A connection is judged when it starts: one to an address a name opened outlives the
     // answer's TTL.
     rules.push_str("    ct state established,related accept\n");

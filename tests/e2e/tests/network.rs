@@ -3,11 +3,15 @@
 //! is refused, at once, for the host's loopback, private, link-local and metadata addresses
 //! and the engine; `network_allow` / `network_deny` and a create's `network` object narrow the
 //! policy; a worker VM reaches the engine (registers a function a host caller calls) and
-//! nothing else of the host's loopback.
+//! nothing else of the host's loopback. Host names: the sandbox's DNS goes to our resolver
+//! proxy whatever server it asks, resolves through the resolvers `network_dns` names, and a
+//! name in `network_deny` / `network_allow` judges the addresses it resolved to; a flood of
+//! malformed queries leaves the proxy answering.
 //!
 //! The servers live in network namespaces this test makes (`ip netns`, veth): a "public" one
-//! at 198.51.100.10 and a "private" one at 10.199.0.10, 192.168.199.10 and 169.254.77.10
-//! (link-local); 169.254.169.254 (metadata) is probed with no server behind it.
+//! at 198.51.100.10 (and .11 for the name tests) and a "private" one at 10.199.0.10,
+//! 192.168.199.10 and 169.254.77.10 (link-local); 169.254.169.254 (metadata) is probed with no
+//! server behind it. The names are served by `dns_server.py` on the host's loopback.
 
 mod sandbox_support;
 mod worker_support;
@@ -23,6 +27,7 @@ use serde_json::{json, Value};
 use worker_support::{compose_options, wait_log, worker_ok};
 
 const WORKER: &str = include_str!("iii_worker.py");
+const DNS_SERVER: &str = include_str!("dns_server.py");
 const PORT: u16 = 8080;
 const PUBLIC: &str = "198.51.100.10";
 const PRIVATE: [&str; 3] = ["10.199.0.10", "192.168.199.10", "169.254.77.10"];
@@ -34,6 +39,7 @@ const METADATA: &str = "169.254.169.254:80";
 /// `banner`; removed when dropped.
 struct TestHost {
     ns: String,
+    ns_if: String,
     server: Child,
 }
 
@@ -77,13 +83,23 @@ impl TestHost {
             .stdout(Stdio::null())
             .spawn()
             .expect("start the test server");
-        let host = TestHost { ns, server };
+        let host = TestHost { ns, ns_if, server };
         // The fixture itself works from the host: a refusal later is the policy's.
         for (_, inside) in pairs {
             let address = inside.split('/').next().unwrap();
             host.wait_served(address, banner);
         }
         host
+    }
+
+    /// Another address of the namespace's side (same subnet as the first), served too.
+    fn add_address(&self, cidr: &str, banner: &str) {
+        let status = Command::new("ip")
+            .args(["-n", &self.ns, "addr", "add", cidr, "dev", &self.ns_if])
+            .status()
+            .expect("run ip");
+        assert!(status.success(), "ip addr add {cidr}");
+        self.wait_served(cidr.split('/').next().unwrap(), banner);
     }
 
     fn wait_served(&self, address: &str, banner: &str) {
@@ -444,4 +460,282 @@ async fn functions(stack: &Stack) -> Vec<String> {
                 .map(String::from)
         })
         .collect()
+}
+
+/// The "public" test server's second address, behind another name.
+const PUBLIC_2: &str = "198.51.100.11";
+
+/// `dns_server.py` on the host's loopback: the resolver `network_dns` points the proxy at.
+struct DnsServer {
+    child: Child,
+    port: u16,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl DnsServer {
+    fn start() -> DnsServer {
+        use std::io::BufRead;
+        let mut child = Command::new("python3")
+            .args(["-c", DNS_SERVER])
+            .args([
+                format!("public.test={PUBLIC}"),
+                format!("other.test={PUBLIC_2}"),
+                format!("private.test={}", PRIVATE[0]),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the test DNS server");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        let port = first
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the test DNS server said {first:?}"));
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = asked.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        });
+        DnsServer { child, port, asked }
+    }
+
+    /// `network_dns` for this server.
+    fn upstream(&self) -> Value {
+        json!([format!("127.0.0.1:{}", self.port)])
+    }
+
+    /// How often it was asked for `name`.
+    fn asked(&self, name: &str) -> usize {
+        let wanted = format!("asked {name} ");
+        let lines = self.asked.lock().unwrap();
+        lines.iter().filter(|l| l.starts_with(&wanted)).count()
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test helper `iii_worker.py` with `args`, in sandbox `id`: its stdout.
+async fn worker(stack: &Stack, id: &str, args: &[&str]) -> String {
+    let mut argv = vec!["python3".to_string(), "-c".into(), WORKER.into()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let answer = exec_ok(stack, id, json!({ "argv": argv, "timeout_ms": 120_000 })).await;
+    let out = stdout(&answer).trim().to_string();
+    println!("{args:?}: {out}");
+    out
+}
+
+/// The sandboxes' logs under `stack`'s state directory (the launcher's and the proxy's
+/// words), for a failure's message.
+fn sandbox_logs(stack: &Stack) -> String {
+    let dir = stack.state_dir.path().join("sandboxes");
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if let Ok(text) = std::fs::read_to_string(entry.path().join("sandbox.log")) {
+            out.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
+        }
+    }
+    out
+}
+
+/// How many resolver proxies run on this host.
+fn dns_proxies() -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read_to_string(entry.path().join("comm"))
+                .is_ok_and(|comm| comm.trim() == "iii-dns-proxy")
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
+    if !netns_usable("dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let public = public_host();
+    public.add_address(&format!("{PUBLIC_2}/24"), "hello-public");
+    let dns = DnsServer::start();
+    let stack = Stack::start(
+        json!({"network_dns": dns.upstream()}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    assert_eq!(
+        worker(&stack, &id, &["resolve", "public.test"]).await,
+        format!("public.test ok {PUBLIC}"),
+        "asked {} times; proxies {}\n{}",
+        dns.asked("public.test"),
+        dns_proxies(),
+        sandbox_logs(&stack)
+    );
+    let target = format!("public.test:{PORT}");
+    let results = probe(&stack, &id, std::slice::from_ref(&target)).await;
+    assert_eq!(verdict(&results, &target), "ok hello-public");
+    assert_eq!(dns_proxies(), 1, "one resolver proxy for the one sandbox");
+
+    // Another server asked directly, over udp and tcp: nothing listens there (and TEST-NET-3
+    // routes nowhere), so an answer is our proxy's, which asked the test's server.
+    for (server, proto) in [
+        ("203.0.113.53", "udp"),
+        ("203.0.113.53", "tcp"),
+        (PUBLIC, "udp"),
+    ] {
+        let before = dns.asked("other.test");
+        let answer = worker(&stack, &id, &["ask", server, "other.test", proto]).await;
+        assert_eq!(
+            answer,
+            format!("ask ok {PUBLIC_2}"),
+            "{server} over {proto}"
+        );
+        assert!(
+            dns.asked("other.test") > before,
+            "the proxy asked our server"
+        );
+    }
+
+    // Hostile input: the proxy drops it and goes on answering.
+    let flooded = worker(&stack, &id, &["flood", DNS_FORWARD, "3000"]).await;
+    assert!(flooded.starts_with("flooded "), "{flooded}");
+    assert_eq!(
+        worker(&stack, &id, &["resolve", "other.test"]).await,
+        format!("other.test ok {PUBLIC_2}")
+    );
+    assert_eq!(dns_proxies(), 1, "the proxy survived the flood");
+    // An unknown name is the resolver's verdict, passed on.
+    let unknown = worker(&stack, &id, &["resolve", "nowhere.test"]).await;
+    assert!(unknown.starts_with("nowhere.test error"), "{unknown}");
+
+    sandbox_support::stop(&stack, &id, true).await;
+    let gone =
+        sandbox_support::eventually(Duration::from_secs(5), || async { dns_proxies() == 0 }).await;
+    assert!(gone, "the resolver proxy outlived its sandbox");
+}
+
+/// What the sandbox's `/etc/resolv.conf` names.
+const DNS_FORWARD: &str = "169.254.1.53";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to() {
+    if !netns_usable("a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let public = public_host();
+    public.add_address(&format!("{PUBLIC_2}/24"), "hello-public");
+    let _private = private_host();
+    let dns = DnsServer::start();
+    let (public_name, other_name, private_name) = (
+        format!("public.test:{PORT}"),
+        format!("other.test:{PORT}"),
+        format!("private.test:{PORT}"),
+    );
+
+    // Denied by name: refused at once; another name (another address) still reached.
+    let stack = Stack::start(
+        json!({"network_dns": dns.upstream(), "network_deny": ["public.test"]}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let results = probe(&stack, &id, &[public_name.clone(), other_name.clone()]).await;
+    assert_refused(&results, &public_name);
+    assert_eq!(verdict(&results, &other_name), "ok hello-public");
+    drop(stack);
+
+    // Allowed by name: that private server by name, and nothing else, not even a private
+    // address of the same server under no name.
+    let stack = Stack::start(
+        json!({"network_dns": dns.upstream(), "network_allow": ["private.test"]}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let other_private = format!("{}:{PORT}", PRIVATE[1]);
+    let results = probe(
+        &stack,
+        &id,
+        &[
+            private_name.clone(),
+            other_private.clone(),
+            public_name.clone(),
+        ],
+    )
+    .await;
+    assert_eq!(verdict(&results, &private_name), "ok hello-private");
+    assert_refused(&results, &other_private);
+    assert_refused(&results, &public_name);
+    drop(stack);
+
+    // A create's names narrow: its deny takes a name away, its allow never opens a private
+    // address the configuration does not.
+    let stack = Stack::start(
+        json!({"network_dns": dns.upstream()}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let id = create(&stack, "python", json!({"network": {"deny": ["*.test"]}})).await;
+    let results = probe(&stack, &id, &[public_name.clone()]).await;
+    assert_refused(&results, &public_name);
+    let id = create(
+        &stack,
+        "python",
+        json!({"network": {"allow": ["private.test", "other.test"]}}),
+    )
+    .await;
+    let results = probe(
+        &stack,
+        &id,
+        &[
+            private_name.clone(),
+            other_name.clone(),
+            public_name.clone(),
+        ],
+    )
+    .await;
+    assert_refused(&results, &private_name);
+    assert_eq!(verdict(&results, &other_name), "ok hello-public");
+    assert_refused(&results, &public_name);
+    let refused = stack
+        .call(
+            "create",
+            json!({"image": "python", "network": {"allow": ["bad_name.test"]}}),
+        )
+        .await;
+    let (code, body) = expect_err(refused, "a bad name");
+    assert_eq!(code, "S001", "{body}");
+    assert!(body.to_string().contains("network.allow"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_name_or_resolver_in_the_configuration_stops_the_adapter() {
+    for (key, value) in [
+        ("network_allow", json!(["ok.test", "under_score.test"])),
+        ("network_deny", json!(["-x.test"])),
+        ("network_dns", json!(["dns.test"])),
+    ] {
+        let state = e2e_tests::host_dir();
+        let options = AdapterOptions::default();
+        let config = e2e_tests::config_with(state.path(), json!({ key: value }));
+        let engine = iii_test_engine::Engine::with_config(options.config_name.clone(), config)
+            .start("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("start engine");
+        let mut adapter = e2e_tests::Adapter::spawn(&engine.url(), &options);
+        let status = adapter.wait_exit(Duration::from_secs(30));
+        let log = adapter.log();
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{key}: {log}");
+        assert!(log.contains(&format!("`{key}`")), "{key}: {log}");
+    }
 }
