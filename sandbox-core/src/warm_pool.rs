@@ -261,9 +261,8 @@ async fn refill_one<B: Backend>(plugin: &Arc<SandboxPlugin<B>>, image: String) {
     // Decided under the lock, done after it (nothing awaits while it is held).
     let closed_meanwhile = {
         let mut state = pool.state();
-        if let Some(booting) = state.booting.get_mut(&image) {
-            *booting = booting.saturating_sub(1);
-        }
+        let state = &mut *state;
+        let booting = state.booting.entry(image.clone()).or_default();
         match booted {
             Ok(fresh) => {
                 pool.boots_for_pool.fetch_add(1, Ordering::Relaxed);
@@ -274,21 +273,28 @@ async fn refill_one<B: Backend>(plugin: &Arc<SandboxPlugin<B>>, image: String) {
                 let pooled = pooled_of(fresh);
                 tracing::info!(sandbox_id = %pooled.id, image, boot_ms, hello_ms, "warm pool: sandbox ready");
                 if state.closed {
+                    // Still counted as booting until it is gone: shutdown waits for it.
                     Some(pooled)
                 } else {
+                    *booting = booting.saturating_sub(1);
                     watch_pooled(Arc::downgrade(plugin), &image, &pooled);
-                    state.ready.entry(image).or_default().push_back(pooled);
+                    state
+                        .ready
+                        .entry(image.clone())
+                        .or_default()
+                        .push_back(pooled);
                     None
                 }
             }
             Err(e) => {
+                *booting = booting.saturating_sub(1);
                 let backoff = state
                     .failed
                     .get(&image)
                     .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_LAST));
                 tracing::warn!(image, error = %e, retry_in_secs = backoff.as_secs(), "warm pool: boot failed");
                 state.failed.insert(
-                    image,
+                    image.clone(),
                     Failure {
                         reason: e.to_string(),
                         retry_at: Instant::now() + backoff,
@@ -302,6 +308,9 @@ async fn refill_one<B: Backend>(plugin: &Arc<SandboxPlugin<B>>, image: String) {
     };
     if let Some(pooled) = closed_meanwhile {
         discard(plugin, pooled).await;
+        if let Some(booting) = pool.state().booting.get_mut(&image) {
+            *booting = booting.saturating_sub(1);
+        }
     }
     pool.changed.notify_waiters();
 }
