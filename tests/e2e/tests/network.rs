@@ -686,7 +686,7 @@ async fn a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to() {
     )
     .await;
     let id = create(&stack, "python", json!({"network": {"deny": ["*.test"]}})).await;
-    let results = probe(&stack, &id, &[public_name.clone()]).await;
+    let results = probe(&stack, &id, std::slice::from_ref(&public_name)).await;
     assert_refused(&results, &public_name);
     let id = create(
         &stack,
