@@ -310,7 +310,8 @@ impl Backend for BwrapBackend {
                     || "pasta with the egress policy (nftables in the sandbox's namespace)".to_string(),
                     |why| format!("unavailable: {why}"),
                 ),
-                "features": if egress_unavailable.is_none() { vec!["network-policy"] } else { vec![] },
+                "dns": "every query (udp/tcp 53, any server) answered by the sandbox's resolver proxy, which judges host names in network_allow / network_deny by the addresses it resolved",
+                "features": if egress_unavailable.is_none() { vec!["network-policy", "network-names"] } else { vec![] },
             },
         })
     }

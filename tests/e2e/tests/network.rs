@@ -571,6 +571,13 @@ async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
         AdapterOptions::default(),
     )
     .await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let features = &info["backend"]["isolation"]["network"]["features"];
+    assert_eq!(
+        features,
+        &json!(["network-policy", "network-names"]),
+        "{info}"
+    );
     let id = create(&stack, "python", json!({"network": true})).await;
     assert_eq!(
         worker(&stack, &id, &["resolve", "public.test"]).await,
