@@ -959,4 +959,233 @@ mod tests {
         let new: IpAddr = "2001:db8::1".parse().unwrap();
         assert!(sets.plan(&[(ALLOW_V6, new, 60)], now).is_err());
     }
+
+    /// A resolver on 127.0.0.1 (udp and tcp, one port) answering `public.test` and
+    /// `allowed.test` with 198.51.100.10 (TTL 60), anything else with no records.
+    fn upstream() -> SocketAddr {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let at = udp.local_addr().unwrap();
+        let tcp = std::net::TcpListener::bind(at).unwrap();
+        let respond = |bytes: &[u8]| -> Option<Vec<u8>> {
+            let query = Message::from_vec(bytes).ok()?;
+            let asked = plain(&query.queries.first()?.name);
+            let answers = match asked.as_str() {
+                "public.test" | "allowed.test" => {
+                    vec![a(&format!("{asked}."), "198.51.100.10", 60)]
+                }
+                _ => Vec::new(),
+            };
+            response_to(&query, answers).to_vec().ok()
+        };
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok((length, peer)) = udp.recv_from(&mut buffer) {
+                if let Some(reply) = respond(&buffer[..length]) {
+                    let _ = udp.send_to(&reply, peer);
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for mut stream in tcp.incoming().flatten() {
+                let mut length = [0u8; 2];
+                if stream.read_exact(&mut length).is_err() {
+                    continue;
+                }
+                let mut query = vec![0u8; usize::from(u16::from_be_bytes(length))];
+                if stream.read_exact(&mut query).is_ok() {
+                    if let Some(reply) = respond(&query) {
+                        let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
+                        framed.extend(reply);
+                        let _ = stream.write_all(&framed);
+                    }
+                }
+            }
+        });
+        at
+    }
+
+    /// A proxy on 127.0.0.1 (udp and tcp, one port) asking `upstream`, with `nft` a script
+    /// that sleeps a little, then appends what it was given to `log` (or fails if `fail`).
+    fn proxy(upstream: SocketAddr, dir: &std::path::Path, fail: bool) -> SocketAddr {
+        let nft = dir.join("nft");
+        let log = dir.join("nft.log");
+        let body = if fail {
+            "#!/bin/sh\nexit 1\n".to_string()
+        } else {
+            format!("#!/bin/sh\nsleep 0.2\ncat >> {}\n", log.display())
+        };
+        std::fs::write(&nft, body).unwrap();
+        std::fs::set_permissions(&nft, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let at = udp.local_addr().unwrap();
+        let tcp = std::net::TcpListener::bind(at).unwrap();
+        let netns: OwnedFd = std::fs::File::open("/proc/self/ns/net").unwrap().into();
+        let setup = DnsSetup {
+            upstream: vec![upstream],
+            allow_names: vec!["allowed.test".into()],
+            deny_names: vec!["public.test".into()],
+            names_within_defaults: false,
+        };
+        let nft = nft.display().to_string();
+        std::thread::spawn(move || {
+            serve(
+                Listeners {
+                    udp: vec![udp],
+                    tcp: vec![tcp],
+                },
+                netns,
+                nft,
+                setup,
+            )
+        });
+        at
+    }
+
+    fn ask_udp_sync(proxy: SocketAddr, name_text: &str) -> Option<Message> {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let query = question(name_text, RecordType::A);
+        socket.send_to(&query.to_vec().unwrap(), proxy).unwrap();
+        let mut buffer = [0u8; 65535];
+        let (length, _) = socket.recv_from(&mut buffer).ok()?;
+        let reply = Message::from_vec(&buffer[..length]).ok()?;
+        assert_eq!(reply.metadata.id, query.metadata.id);
+        Some(reply)
+    }
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("dns-proxy-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn is_root(test: &str) -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            println!("{test} DID NOT RUN: nft's setns into a network namespace needs root");
+        }
+        root
+    }
+
+    #[test]
+    fn a_listed_names_answer_comes_only_once_the_sets_hold_it() {
+        if !is_root("a_listed_names_answer_comes_only_once_the_sets_hold_it") {
+            return;
+        }
+        let dir = scratch("sets");
+        let at = proxy(upstream(), &dir, false);
+        let log = dir.join("nft.log");
+        let reply = ask_udp_sync(at, "Public.Test.").expect("an answer");
+        assert_eq!(reply.answers.len(), 1, "{reply:?}");
+        // The script sleeps before it writes: the answer waited for it.
+        let script = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            script.contains(
+                "add element inet iii_egress deny_names_v4 { 198.51.100.10 timeout 60s }"
+            ),
+            "{script:?}"
+        );
+        // An allowed name fills the allow set; an unlisted one nothing.
+        ask_udp_sync(at, "allowed.test.").expect("an answer");
+        let unlisted = ask_udp_sync(at, "unlisted.test.").expect("an answer");
+        assert!(unlisted.answers.is_empty());
+        let script = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            script.contains("allow_names_v4 { 198.51.100.10 timeout 60s }"),
+            "{script}"
+        );
+        assert!(!script.contains("unlisted"), "{script}");
+        // Over tcp too.
+        let mut stream = std::net::TcpStream::connect(at).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let query = question("public.test.", RecordType::A).to_vec().unwrap();
+        let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+        framed.extend(&query);
+        stream.write_all(&framed).unwrap();
+        let mut length = [0u8; 2];
+        stream.read_exact(&mut length).unwrap();
+        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(length))];
+        stream.read_exact(&mut reply).unwrap();
+        assert_eq!(Message::from_vec(&reply).unwrap().answers.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sets_that_cannot_take_an_answer_make_it_servfail() {
+        if !is_root("sets_that_cannot_take_an_answer_make_it_servfail") {
+            return;
+        }
+        let dir = scratch("fail");
+        let at = proxy(upstream(), &dir, true);
+        let reply = ask_udp_sync(at, "public.test.").expect("an answer");
+        assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+        assert!(reply.answers.is_empty());
+        // A name of no list needs no set: answered.
+        let reply = ask_udp_sync(at, "unlisted.test.").expect("an answer");
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_flood_is_dropped_a_burst_refused_and_the_proxy_answers_after() {
+        if !is_root("a_flood_is_dropped_a_burst_refused_and_the_proxy_answers_after") {
+            return;
+        }
+        let dir = scratch("flood");
+        let at = proxy(upstream(), &dir, false);
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let valid = question("unlisted.test.", RecordType::A).to_vec().unwrap();
+        let mut seed: u64 = 7;
+        for i in 0..6000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut bytes = valid.clone();
+            bytes.truncate((seed % 40) as usize);
+            if i % 3 == 0 {
+                bytes = vec![(seed >> 8) as u8; (seed % 5000) as usize];
+            }
+            let _ = socket.send_to(&bytes, at);
+        }
+        // Garbage over tcp: a zero length, a length past the cap, a stalled half message.
+        for garbage in [&[0u8, 0][..], &[0xFF, 0xFF, 1, 2][..], &[0, 40, 1][..]] {
+            if let Ok(mut stream) = std::net::TcpStream::connect(at) {
+                let _ = stream.write_all(garbage);
+            }
+        }
+        // A burst of valid queries: past the rate some are refused, none is lost for good.
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        for _ in 0..400 {
+            let _ = socket.send_to(&valid, at);
+        }
+        let mut codes = HashMap::new();
+        let mut buffer = [0u8; 4096];
+        while let Ok((length, _)) = socket.recv_from(&mut buffer) {
+            if let Ok(reply) = Message::from_vec(&buffer[..length]) {
+                *codes.entry(reply.metadata.response_code).or_insert(0) += 1;
+            }
+        }
+        assert!(
+            codes.get(&ResponseCode::Refused).copied().unwrap_or(0) > 0,
+            "{codes:?}"
+        );
+        assert!(
+            codes.get(&ResponseCode::NoError).copied().unwrap_or(0) > 0,
+            "{codes:?}"
+        );
+        // Once the rate allows it again: answered.
+        std::thread::sleep(Duration::from_secs(3));
+        let reply = ask_udp_sync(at, "public.test.").expect("answers after the flood");
+        assert_eq!(reply.answers.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
