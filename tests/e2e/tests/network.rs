@@ -620,6 +620,24 @@ async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
         format!("other.test ok {PUBLIC_2}")
     );
     assert_eq!(dns_proxies(), 1, "the proxy survived the flood");
+    // Out of the sandbox's reach: not among its processes, and a kill of everything it can
+    // signal leaves the proxy serving.
+    let seen = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["sh", "-c", "cat /proc/[0-9]*/comm; kill -9 -1; true"]}),
+    )
+    .await;
+    assert!(stdout(&seen).contains("cat"), "the listing works: {seen}");
+    assert!(
+        !stdout(&seen).contains("iii-dns-proxy"),
+        "the sandbox sees the proxy: {seen}"
+    );
+    assert_eq!(dns_proxies(), 1, "the sandbox killed its resolver proxy");
+    assert_eq!(
+        worker(&stack, &id, &["resolve", "public.test"]).await,
+        format!("public.test ok {PUBLIC}")
+    );
     // An unknown name is the resolver's verdict, passed on.
     let unknown = worker(&stack, &id, &["resolve", "nowhere.test"]).await;
     assert!(unknown.starts_with("nowhere.test error"), "{unknown}");
