@@ -576,6 +576,14 @@ pub fn addresses(name: &str, response: &Message) -> Vec<(IpAddr, u32)> {
     out
 }
 
+/// One `nft` transaction for some elements: its script, how long to wait before running it
+/// (an element about to expire is added again once it has), and the elements it changes.
+struct Plan {
+    script: String,
+    wait: Option<Duration>,
+    changed: Vec<(&'static str, IpAddr, u32)>,
+}
+
 /// The sets of the sandbox's ruleset as this proxy filled them, and how to change them.
 pub struct Sets {
     nft: String,
@@ -598,57 +606,71 @@ impl Sets {
     /// in one `nft` transaction.
     pub fn add(&mut self, elements: &[(&'static str, IpAddr, u32)]) -> Result<(), String> {
         let now = Instant::now();
-        let (script, wait) = self.plan(elements, now)?;
-        if script.is_empty() {
+        let plan = self.plan(elements, now)?;
+        if plan.script.is_empty() {
             return Ok(());
         }
-        if let Some(wait) = wait {
+        if let Some(wait) = plan.wait {
             std::thread::sleep(wait);
         }
         let before = Instant::now();
-        self.run(&script)?;
+        self.run(&plan.script)?;
         let after = Instant::now();
-        for (set, addr, timeout) in elements {
-            let timeout = Duration::from_secs(u64::from(*timeout));
+        // Only what the script changed: an element left alone keeps the expiry it had.
+        for (set, addr, timeout) in plan.changed {
+            let timeout = Duration::from_secs(u64::from(timeout));
             self.known
-                .insert((set, *addr), (before + timeout, after + timeout));
+                .insert((set, addr), (before + timeout, after + timeout));
         }
         Ok(())
     }
 
-    /// The `nft` script for `elements` at `now`, and how long to wait before running it
-    /// (an element about to expire is added again once it has).
+    /// The `nft` script for `elements` at `now` (see [`Plan`]).
     fn plan(
         &mut self,
         elements: &[(&'static str, IpAddr, u32)],
         now: Instant,
-    ) -> Result<(String, Option<Duration>), String> {
+    ) -> Result<Plan, String> {
         self.known.retain(|_, (_, latest)| *latest > now);
-        let mut script = String::new();
-        let mut wait = None;
-        for (set, addr, timeout) in elements {
-            let wanted = Duration::from_secs(u64::from(*timeout));
-            let element = format!("{TABLE} {set} {{ {addr} timeout {timeout}s }}");
-            match self.known.get(&(*set, *addr)) {
-                Some((earliest, _)) if *earliest + REFRESH_SLACK >= now + wanted => continue,
+        // One element once, with the longest timeout asked (an answer may repeat a record).
+        let mut wanted: Vec<(&'static str, IpAddr, u32)> = Vec::new();
+        for &(set, addr, timeout) in elements {
+            match wanted.iter_mut().find(|(s, a, _)| *s == set && *a == addr) {
+                Some(seen) => seen.2 = seen.2.max(timeout),
+                None => wanted.push((set, addr, timeout)),
+            }
+        }
+        let mut plan = Plan {
+            script: String::new(),
+            wait: None,
+            changed: Vec::new(),
+        };
+        for (set, addr, timeout) in wanted {
+            let lasting = Duration::from_secs(u64::from(timeout));
+            match self.known.get(&(set, addr)) {
+                Some((earliest, _)) if *earliest + REFRESH_SLACK >= now + lasting => continue,
                 // Surely there still: replaced in the same transaction.
                 Some((earliest, _)) if *earliest > now + Duration::from_secs(1) => {
-                    script.push_str(&format!("delete element {TABLE} {set} {{ {addr} }}\n"));
+                    plan.script
+                        .push_str(&format!("delete element {TABLE} {set} {{ {addr} }}\n"));
                 }
                 Some((_, latest)) => {
                     let until = latest.saturating_duration_since(now) + Duration::from_millis(50);
-                    wait = Some(wait.map_or(until, |w: Duration| w.max(until)));
+                    plan.wait = Some(plan.wait.map_or(until, |w: Duration| w.max(until)));
                 }
                 None => {
-                    let in_set = self.known.keys().filter(|(s, _)| s == set).count();
+                    let in_set = self.known.keys().filter(|(s, _)| *s == set).count();
                     if in_set >= SET_SIZE {
                         return Err(format!("the set {set} is full ({SET_SIZE} addresses)"));
                     }
                 }
             }
-            script.push_str(&format!("add element {element}\n"));
+            plan.script.push_str(&format!(
+                "add element {TABLE} {set} {{ {addr} timeout {timeout}s }}\n"
+            ));
+            plan.changed.push((set, addr, timeout));
         }
-        Ok((script, wait))
+        Ok(plan)
     }
 
     /// Runs `nft -f -` with `script`, in the sandbox's network namespace.
@@ -929,27 +951,37 @@ mod tests {
         let mut sets = Sets::new("nft".into(), netns.into());
         let ip: IpAddr = "198.51.100.10".parse().unwrap();
         let now = Instant::now();
-        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], now).unwrap();
+        let plan = sets
+            .plan(&[(ALLOW_V4, ip, 60), (ALLOW_V4, ip, 90)], now)
+            .unwrap();
+        // Once, with the longer timeout.
         assert_eq!(
-            script,
-            "add element inet iii_egress allow_names_v4 { 198.51.100.10 timeout 60s }\n"
+            plan.script,
+            "add element inet iii_egress allow_names_v4 { 198.51.100.10 timeout 90s }\n"
         );
-        assert_eq!(wait, None);
+        assert_eq!(plan.wait, None);
+        assert_eq!(plan.changed, [(ALLOW_V4, ip, 90)]);
         let sixty = Duration::from_secs(60);
         sets.known
             .insert((ALLOW_V4, ip), (now + sixty, now + sixty));
-        // Asked again at once: nothing to do.
-        assert_eq!(sets.plan(&[(ALLOW_V4, ip, 60)], now).unwrap().0, "");
-        // Half-way: replaced in one transaction.
+        // Asked again at once: nothing to do, nothing changed.
+        let plan = sets.plan(&[(ALLOW_V4, ip, 60)], now).unwrap();
+        assert_eq!(plan.script, "");
+        assert!(plan.changed.is_empty());
+        // Half-way: replaced in one transaction; the other element asked with it is new.
         let later = now + Duration::from_secs(30);
-        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], later).unwrap();
-        assert!(script.starts_with("delete element"), "{script}");
-        assert_eq!(wait, None);
+        let other: IpAddr = "198.51.100.11".parse().unwrap();
+        let plan = sets
+            .plan(&[(ALLOW_V4, ip, 60), (DENY_V4, other, 60)], later)
+            .unwrap();
+        assert!(plan.script.starts_with("delete element"), "{}", plan.script);
+        assert_eq!(plan.wait, None);
+        assert_eq!(plan.changed.len(), 2);
         // About to expire: added again once it has.
         let edge = now + Duration::from_millis(59_500);
-        let (script, wait) = sets.plan(&[(ALLOW_V4, ip, 60)], edge).unwrap();
-        assert!(script.starts_with("add element"), "{script}");
-        assert!(wait.unwrap() <= Duration::from_millis(600));
+        let plan = sets.plan(&[(ALLOW_V4, ip, 60)], edge).unwrap();
+        assert!(plan.script.starts_with("add element"), "{}", plan.script);
+        assert!(plan.wait.unwrap() <= Duration::from_millis(600));
         // A full set refuses another address.
         for i in 0..SET_SIZE {
             let other = IpAddr::V6(Ipv6Addr::from(i as u128 + 1));
