@@ -762,6 +762,13 @@ mod tests {
         let query = question("public.test.", RecordType::A);
         let bytes = query.to_vec().unwrap();
         assert_eq!(read_query(&bytes).unwrap().queries, query.queries);
+        // EDNS (the OPT record a resolver with `options edns0` adds) is no extra record.
+        let mut with_edns = query.clone();
+        let mut edns = hickory_proto::op::Edns::new();
+        edns.set_max_payload(1232);
+        with_edns.set_edns(edns);
+        let parsed = read_query(&with_edns.to_vec().unwrap()).unwrap();
+        assert_eq!(parsed.max_payload(), 1232);
         // A response, or garbage: dropped.
         let response = response_to(&query, Vec::new()).to_vec().unwrap();
         assert_eq!(read_query(&response), Err(None));
