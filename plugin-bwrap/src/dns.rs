@@ -1,25 +1,24 @@
 //! The sandbox's resolver proxy (see `network.rs`): every DNS query the sandbox sends reaches
 //! it through the redirect in the sandbox's ruleset. It asks the host's resolvers (or
-//! `network_dns`) over sockets of the host's namespace, and for a name in `network_allow` or
-//! `network_deny` puts the answered A/AAAA addresses in the ruleset's sets, with the answer's
-//! TTL (bounded) as their timeout, before the sandbox sees the answer: the first connection
-//! after a resolution is already judged.
+//! `network_dns`), and for a name in `network_allow` or `network_deny` puts the answered
+//! A/AAAA addresses in the ruleset's sets, with the answer's TTL (bounded) as their timeout,
+//! before the sandbox sees the answer: the first connection after a resolution is already
+//! judged.
 //!
-//! It runs in a process of its own that the launcher forks (`netns.rs`): in the host's network
-//! namespace, the sandbox's user namespace (whose root owns the sandbox's network namespace:
-//! CAP_NET_ADMIN there for `nft`) and the launcher's pid namespace, which sandbox code cannot
-//! see: it can neither signal nor trace it. Everything it reads from the sandbox is hostile:
-//! bounded sizes, rate limits, a bounded number of queries in flight and of TCP connections,
-//! and every message parsed by `hickory-proto`, never by hand.
-
-// `setns` before `nft` runs, in the sandbox's network namespace.
-#![allow(unsafe_code)]
+//! It runs in a process of its own that the launcher forks (`netns.rs`), in the sandbox's user
+//! namespace (whose root owns the sandbox's network namespace: CAP_NET_ADMIN there for `nft`)
+//! and the launcher's pid namespace, which sandbox code cannot see: it can neither signal nor
+//! trace it. Its only way out is a few udp sockets connected to the resolvers, opened in the
+//! host's network namespace before it moved into the sandbox's: its traffic to them is not the
+//! sandbox's policy's to judge, and a proxy taken over by hostile input could reach nothing
+//! else of the host. Queries from the sandbox over tcp are answered too, asked upstream over
+//! udp with room for 4096 bytes (a longer answer stays truncated). Everything it reads from the
+//! sandbox is hostile: bounded sizes, rate limits, a bounded number of queries in flight and of
+//! TCP connections, and every message parsed by `hickory-proto`, never by hand.
 
 use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +37,10 @@ pub const MAX_QUERY: usize = 4096;
 /// A name's addresses stay in a set for the answer's TTL, within these bounds.
 pub const MIN_TIMEOUT_SECS: u32 = 30;
 pub const MAX_TIMEOUT_SECS: u32 = 3600;
+/// Sockets to each resolver (the answers' ids are spread over them), and the payload asked
+/// for a query that came over tcp.
+const UPSTREAM_SOCKETS: usize = 4;
+const UPSTREAM_PAYLOAD: u16 = 4096;
 /// How long one resolver gets, and all of them together.
 const UPSTREAM_TRY: Duration = Duration::from_secs(2);
 const UPSTREAM_ALL: Duration = Duration::from_secs(5);
@@ -65,9 +68,46 @@ pub struct Listeners {
     pub tcp: Vec<std::net::TcpListener>,
 }
 
-/// Serves DNS until the process is killed (it dies with its sandbox). `netns` is the
-/// sandbox's network namespace, where `nft` updates the sets.
-pub fn serve(listeners: Listeners, netns: OwnedFd, nft: String, setup: DnsSetup) -> String {
+/// Udp sockets connected to one resolver.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub sockets: Vec<std::net::UdpSocket>,
+}
+
+/// Sockets to each of `addrs`, in this process's network namespace (a resolver that cannot
+/// be reached from here is left out).
+pub fn open_upstreams(addrs: &[SocketAddr]) -> Vec<Upstream> {
+    addrs
+        .iter()
+        .filter_map(|addr| {
+            let local: SocketAddr = if addr.is_ipv4() {
+                (Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let sockets: Vec<std::net::UdpSocket> = (0..UPSTREAM_SOCKETS)
+                .filter_map(|_| {
+                    let socket = std::net::UdpSocket::bind(local).ok()?;
+                    socket.connect(addr).ok()?;
+                    Some(socket)
+                })
+                .collect();
+            (!sockets.is_empty()).then_some(Upstream {
+                addr: *addr,
+                sockets,
+            })
+        })
+        .collect()
+}
+
+/// Serves DNS until the process is killed (it dies with its sandbox), asking `upstreams`;
+/// `nft` updates the sets of this process's network namespace (the sandbox's).
+pub fn serve(
+    listeners: Listeners,
+    upstreams: Vec<Upstream>,
+    nft: String,
+    setup: DnsSetup,
+) -> String {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)
@@ -76,8 +116,29 @@ pub fn serve(listeners: Listeners, netns: OwnedFd, nft: String, setup: DnsSetup)
         Ok(runtime) => runtime,
         Err(e) => return format!("cannot start the resolver proxy: {e}"),
     };
-    let state = Arc::new(State::new(&setup, Sets::new(nft, netns)));
     runtime.block_on(async move {
+        let mut resolvers = Vec::new();
+        for upstream in upstreams {
+            let mut sockets = Vec::new();
+            for socket in upstream.sockets {
+                let socket = socket
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::UdpSocket::from_std(socket));
+                match socket {
+                    Ok(socket) => sockets.push(Arc::new(socket)),
+                    Err(e) => return format!("cannot ask the resolver {}: {e}", upstream.addr),
+                }
+            }
+            let resolver = Arc::new(Resolver {
+                sockets,
+                waiting: Mutex::new(HashMap::new()),
+            });
+            for index in 0..resolver.sockets.len() {
+                tokio::spawn(hear(resolver.clone(), index));
+            }
+            resolvers.push(resolver);
+        }
+        let state = Arc::new(State::new(&setup, resolvers, Sets::new(nft)));
         let mut tasks = Vec::new();
         for socket in listeners.udp {
             let socket = socket
@@ -109,7 +170,7 @@ struct State {
     /// The names and what they may open (only `allow.names`, `deny.names` and
     /// `names_within_defaults` are used).
     policy: Egress,
-    upstream: Vec<SocketAddr>,
+    upstream: Vec<Arc<Resolver>>,
     sets: Arc<Mutex<Sets>>,
     queries: Mutex<Bucket>,
     packets: Mutex<Bucket>,
@@ -119,10 +180,10 @@ struct State {
 }
 
 impl State {
-    fn new(setup: &DnsSetup, sets: Sets) -> Self {
+    fn new(setup: &DnsSetup, upstream: Vec<Arc<Resolver>>, sets: Sets) -> Self {
         State {
             policy: policy_of(setup),
-            upstream: setup.upstream.clone(),
+            upstream,
             sets: Arc::new(Mutex::new(sets)),
             queries: Mutex::new(Bucket::new(QUERIES_PER_SEC)),
             packets: Mutex::new(Bucket::new(PACKETS_PER_SEC)),
@@ -422,67 +483,102 @@ fn encode_reply(
     Some(bytes)
 }
 
+/// One resolver's sockets and the questions waiting for its answers, by (socket, id).
+struct Resolver {
+    sockets: Vec<Arc<tokio::net::UdpSocket>>,
+    waiting: Mutex<Waiting>,
+}
+
+type Waiting = HashMap<(usize, u16), tokio::sync::oneshot::Sender<Message>>;
+
+/// Hands each answer heard on socket `index` to the question waiting for its id.
+async fn hear(resolver: Arc<Resolver>, index: usize) {
+    let mut buffer = vec![0u8; 65535];
+    loop {
+        let Ok(length) = resolver.sockets[index].recv(&mut buffer).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Some(response) = decode(&buffer[..length]) else {
+            continue;
+        };
+        let waiter = resolver
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&(index, response.metadata.id)));
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(response);
+        }
+    }
+}
+
+/// Takes a question's place out of the waiting list however its wait ends.
+struct Place<'a> {
+    resolver: &'a Resolver,
+    key: (usize, u16),
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut waiting) = self.resolver.waiting.lock() {
+            waiting.remove(&self.key);
+        }
+    }
+}
+
 /// The response of the first resolver that gives a valid one within the time allowed.
 async fn forward(state: &State, query: &Message, transport: Transport) -> Option<Message> {
     let deadline = tokio::time::Instant::now() + UPSTREAM_ALL;
-    for upstream in &state.upstream {
-        let mut ours = query.clone();
-        // Our id, not the sandbox's: a guess of the sandbox's own tells an off-path
-        // attacker nothing.
-        ours.metadata.id = Message::query().metadata.id;
-        let Ok(bytes) = ours.to_vec() else {
-            return None;
-        };
+    let mut ours = query.clone();
+    if transport == Transport::Tcp {
+        // Asked over udp for a client that can take a long answer.
+        let mut edns = ours.edns.clone().unwrap_or_default();
+        edns.set_max_payload(edns.max_payload().max(UPSTREAM_PAYLOAD));
+        ours.set_edns(edns);
+    }
+    for resolver in &state.upstream {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let attempt: Asking<'_> = match transport {
-            Transport::Udp => Box::pin(ask_udp(*upstream, &bytes, &ours)),
-            Transport::Tcp => Box::pin(ask_tcp(*upstream, &bytes, &ours)),
-        };
-        if let Ok(Some(response)) = tokio::time::timeout(UPSTREAM_TRY.min(left), attempt).await {
+        if let Ok(Some(response)) =
+            tokio::time::timeout(UPSTREAM_TRY.min(left), ask(resolver, &mut ours)).await
+        {
             return Some(response);
         }
     }
     None
 }
 
-type Asking<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Message>> + Send + 'a>>;
-
-async fn ask_udp(upstream: SocketAddr, bytes: &[u8], ours: &Message) -> Option<Message> {
-    {
-        let local: SocketAddr = if upstream.is_ipv4() {
-            (Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        let socket = tokio::net::UdpSocket::bind(local).await.ok()?;
-        socket.connect(upstream).await.ok()?;
-        socket.send(bytes).await.ok()?;
-        let mut buffer = vec![0u8; 65535];
-        // A connected socket hears only the resolver; a stray datagram is skipped.
-        for _ in 0..8 {
-            let length = socket.recv(&mut buffer).await.ok()?;
-            if let Some(response) = read_response(&buffer[..length], ours) {
-                return Some(response);
-            }
-        }
-        None
-    }
-}
-
-async fn ask_tcp(upstream: SocketAddr, bytes: &[u8], ours: &Message) -> Option<Message> {
-    let mut stream = tokio::net::TcpStream::connect(upstream).await.ok()?;
-    let mut framed = u16::try_from(bytes.len()).ok()?.to_be_bytes().to_vec();
-    framed.extend_from_slice(bytes);
-    stream.write_all(&framed).await.ok()?;
-    let length = stream.read_u16().await.ok()? as usize;
-    let mut buffer = vec![0u8; length];
-    stream.read_exact(&mut buffer).await.ok()?;
-    read_response(&buffer, ours)
+/// Asks `resolver` `ours` under a fresh id of its own.
+async fn ask(resolver: &Resolver, ours: &mut Message) -> Option<Message> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let key = {
+        let mut waiting = resolver.waiting.lock().ok()?;
+        // Our id, not the sandbox's, random among those not waiting.
+        let key = (0..8)
+            .map(|_| {
+                let id = Message::query().metadata.id;
+                (usize::from(id) % resolver.sockets.len(), id)
+            })
+            .find(|key| !waiting.contains_key(key))?;
+        waiting.insert(key, sender);
+        key
+    };
+    let _place = Place { resolver, key };
+    ours.metadata.id = key.1;
+    let bytes = ours.to_vec().ok()?;
+    resolver.sockets[key.0].send(&bytes).await.ok()?;
+    let response = receiver.await.ok()?;
+    answers(&response, ours).then_some(response)
 }
 
 /// `bytes` as the response to `ours` (same id, a response, the same question), if it is one.
 pub fn read_response(bytes: &[u8], ours: &Message) -> Option<Message> {
     let response = decode(bytes)?;
+    answers(&response, ours).then_some(response)
+}
+
+/// Whether `response` is the response to `ours`: same id, a response, the same question.
+fn answers(response: &Message, ours: &Message) -> bool {
     let same_question = match (response.queries.as_slice(), ours.queries.first()) {
         ([theirs], Some(asked)) => {
             plain(&theirs.name) == plain(&asked.name)
@@ -491,10 +587,9 @@ pub fn read_response(bytes: &[u8], ours: &Message) -> Option<Message> {
         }
         _ => false,
     };
-    (response.metadata.id == ours.metadata.id
+    response.metadata.id == ours.metadata.id
         && response.metadata.message_type == MessageType::Response
-        && same_question)
-        .then_some(response)
+        && same_question
 }
 
 /// A name as the lists hold them: lowercase, no trailing dot.
@@ -587,17 +682,15 @@ struct Plan {
 /// The sets of the sandbox's ruleset as this proxy filled them, and how to change them.
 pub struct Sets {
     nft: String,
-    netns: OwnedFd,
     /// (set, address) -> when the element expires: no earlier than the first, no later than
     /// the second instant (`nft` takes a while to commit).
     known: HashMap<(&'static str, IpAddr), (Instant, Instant)>,
 }
 
 impl Sets {
-    pub fn new(nft: String, netns: OwnedFd) -> Self {
+    pub fn new(nft: String) -> Self {
         Sets {
             nft,
-            netns,
             known: HashMap::new(),
         }
     }
@@ -673,9 +766,8 @@ impl Sets {
         Ok(plan)
     }
 
-    /// Runs `nft -f -` with `script`, in the sandbox's network namespace.
+    /// Runs `nft -f -` with `script` (in this process's network namespace: the sandbox's).
     fn run(&self, script: &str) -> Result<(), String> {
-        let netns = self.netns.as_raw_fd();
         let mut command = Command::new(&self.nft);
         command
             .args(["-f", "-"])
@@ -683,16 +775,6 @@ impl Sets {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        // SAFETY: between fork and exec the child only makes one system call on a descriptor
-        // it inherited; nothing is allocated.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::setns(netns, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", self.nft))?;
@@ -954,8 +1036,7 @@ mod tests {
 
     #[test]
     fn the_plan_adds_new_elements_refreshes_old_ones_and_bounds_the_set() {
-        let netns = std::fs::File::open("/proc/self/ns/net").unwrap();
-        let mut sets = Sets::new("nft".into(), netns.into());
+        let mut sets = Sets::new("nft".into());
         let ip: IpAddr = "198.51.100.10".parse().unwrap();
         let now = Instant::now();
         let plan = sets
@@ -1059,9 +1140,8 @@ mod tests {
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let at = udp.local_addr().unwrap();
         let tcp = std::net::TcpListener::bind(at).unwrap();
-        let netns: OwnedFd = std::fs::File::open("/proc/self/ns/net").unwrap().into();
         let setup = DnsSetup {
-            upstream: vec![upstream],
+            upstream: Vec::new(),
             allow_names: vec!["allowed.test".into()],
             deny_names: vec!["public.test".into()],
             names_within_defaults: false,
@@ -1073,7 +1153,7 @@ mod tests {
                     udp: vec![udp],
                     tcp: vec![tcp],
                 },
-                netns,
+                open_upstreams(&[upstream]),
                 nft,
                 setup,
             )
@@ -1102,19 +1182,8 @@ mod tests {
         dir
     }
 
-    fn is_root(test: &str) -> bool {
-        let root = nix::unistd::geteuid().is_root();
-        if !root {
-            println!("{test} DID NOT RUN: nft's setns into a network namespace needs root");
-        }
-        root
-    }
-
     #[test]
     fn a_listed_names_answer_comes_only_once_the_sets_hold_it() {
-        if !is_root("a_listed_names_answer_comes_only_once_the_sets_hold_it") {
-            return;
-        }
         let dir = scratch("sets");
         let at = proxy(upstream(), &dir, false);
         let log = dir.join("nft.log");
@@ -1157,9 +1226,6 @@ mod tests {
 
     #[test]
     fn sets_that_cannot_take_an_answer_make_it_servfail() {
-        if !is_root("sets_that_cannot_take_an_answer_make_it_servfail") {
-            return;
-        }
         let dir = scratch("fail");
         let at = proxy(upstream(), &dir, true);
         let reply = ask_udp_sync(at, "public.test.").expect("an answer");
@@ -1173,9 +1239,6 @@ mod tests {
 
     #[test]
     fn a_flood_is_dropped_a_burst_refused_and_the_proxy_answers_after() {
-        if !is_root("a_flood_is_dropped_a_burst_refused_and_the_proxy_answers_after") {
-            return;
-        }
         let dir = scratch("flood");
         let at = proxy(upstream(), &dir, false);
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sched::{unshare, CloneFlags};
+use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
@@ -70,7 +70,8 @@ impl PastaStarter {
 /// returns once the namespace has its default route. Failures name their cause.
 pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result<(), String> {
     // Forked while this process is still in the host's network namespace, where the proxy's
-    // own sockets to the resolvers are then made (the sandbox's policy never judges them).
+    // sockets to the resolvers are made before it joins the sandbox's (so the sandbox's
+    // policy never judges them, and they are all it has of the host's network).
     let proxy =
         DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNET)
@@ -252,7 +253,8 @@ fn dns_listeners() -> Result<Listeners, String> {
 }
 
 /// The proxy's side: tied to the launcher's life, detached from the agent's channel, out of
-/// reach of the sandbox's processes; waits for its sockets, then serves. Returns only on
+/// reach of the sandbox's processes; opens its sockets to the resolvers, waits for its
+/// listening sockets, moves into the sandbox's network namespace and serves. Returns only on
 /// failure.
 fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> String {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
@@ -284,6 +286,8 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
     // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
     let socket = unsafe { OwnedFd::from_raw_fd(3) };
+    // Still in the host's network namespace: the proxy's one way out, opened here.
+    let upstreams = crate::dns::open_upstreams(&setup.dns.upstream);
     let mut kinds = [0u8; 16];
     let mut iov = [IoSliceMut::new(&mut kinds)];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 16]);
@@ -336,7 +340,12 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     let Some(netns) = netns else {
         return "no network namespace in the hand-over".into();
     };
-    crate::dns::serve(listeners, netns, setup.nft.clone(), setup.dns.clone())
+    // Into the sandbox's namespace, for good: nothing the proxy makes from now on is the
+    // host's, and `nft` changes the sandbox's sets.
+    if let Err(e) = setns(netns, CloneFlags::CLONE_NEWNET) {
+        return format!("cannot enter the sandbox's network namespace: {e}");
+    }
+    crate::dns::serve(listeners, upstreams, setup.nft.clone(), setup.dns.clone())
 }
 
 fn load_rules(setup: &NetworkSetup) -> Result<(), String> {

@@ -544,8 +544,8 @@ fn sandbox_logs(stack: &Stack) -> String {
     out
 }
 
-/// How many resolver proxies run on this host.
-fn dns_proxies() -> usize {
+/// The resolver proxies running on this host.
+fn proxy_pids() -> Vec<String> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -554,7 +554,12 @@ fn dns_proxies() -> usize {
             std::fs::read_to_string(entry.path().join("comm"))
                 .is_ok_and(|comm| comm.trim() == "iii-dns-proxy")
         })
-        .count()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn dns_proxies() -> usize {
+    proxy_pids().len()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -591,6 +596,16 @@ async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
     let results = probe(&stack, &id, std::slice::from_ref(&target)).await;
     assert_eq!(verdict(&results, &target), "ok hello-public");
     assert_eq!(dns_proxies(), 1, "one resolver proxy for the one sandbox");
+    // It serves from the sandbox's network namespace (its sockets to the resolvers are all it
+    // kept of the host's).
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for pid in proxy_pids() {
+        let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+        assert_ne!(
+            netns, host_netns,
+            "the proxy is in the host's network namespace"
+        );
+    }
 
     // Another server asked directly, over udp and tcp: nothing listens there (and TEST-NET-3
     // routes nowhere), so an answer is our proxy's, which asked the test's server.
