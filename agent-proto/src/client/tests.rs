@@ -23,6 +23,10 @@ impl FakeAgent {
 }
 
 async fn pair() -> (AgentClient, FakeAgent) {
+    pair_with(&[]).await
+}
+
+async fn pair_with(features: &[&str]) -> (AgentClient, FakeAgent) {
     let (host_end, agent_end) = duplex(4 * 1024 * 1024);
     let (hr, hw) = split(host_end);
     let (ar, aw) = split(agent_end);
@@ -30,7 +34,8 @@ async fn pair() -> (AgentClient, FakeAgent) {
         reader: ar,
         writer: aw,
     };
-    fake.send(0, Message::Hello(Hello::new("fake"))).await;
+    let hello = Hello::new("fake").with_features(features);
+    fake.send(0, Message::Hello(hello)).await;
     let client = AgentClient::connect(hr, hw).await.expect("connects");
     assert_eq!(fake.recv().await.kind, Kind::Hello);
     (client, fake)
@@ -293,4 +298,78 @@ async fn closed_says_why_once_the_agent_sends_what_cannot_be_decoded() {
     }
     // Already closed: answers at once.
     assert_eq!(client.closed().await, reason);
+}
+
+#[tokio::test]
+async fn a_flow_exec_needs_an_agent_that_offers_it() {
+    let (client, _fake) = pair().await;
+    assert!(!client.supports(crate::FEATURE_EXEC_FLOW));
+    let refused = client.exec_flow(&spec(10), false, 1 << 20).await;
+    assert!(matches!(refused, Err(AgentError::Unsupported(_))));
+}
+
+#[tokio::test]
+async fn an_agent_past_its_flow_window_fails_the_exec_and_it_is_killed() {
+    let (client, mut fake) = pair_with(&[crate::FEATURE_EXEC_FLOW]).await;
+    let window = 1 << 20;
+    let flow = client
+        .exec_flow(&spec(usize::MAX), false, window)
+        .await
+        .unwrap();
+    let start = fake.recv().await;
+    let request = match Message::from_frame(start.clone()).unwrap() {
+        Message::ExecStart(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(request.flow_window, Some(window));
+    // Never acknowledged: the fifth 256 KiB chunk is past the window.
+    for _ in 0..5 {
+        fake.send(start.id, Message::Stdout(vec![b'a'; 256 * 1024]))
+            .await;
+    }
+    let failed = flow.exit.wait().await;
+    assert!(
+        matches!(failed, Err(AgentError::Unexpected(_))),
+        "{failed:?}"
+    );
+    let kill = fake.recv().await;
+    assert_eq!((kill.kind, kill.id), (Kind::ExecKill, start.id));
+    // What came within the window was handed on; the sink then ended.
+    let mut output = flow.output;
+    let mut got = 0;
+    while let Some(OutputChunk::Stdout(d)) = output.recv().await {
+        got += d.len();
+    }
+    assert_eq!(got, 3 * 256 * 1024);
+}
+
+#[tokio::test]
+async fn stdin_acks_never_return_more_credit_than_was_sent() {
+    let (client, mut fake) = pair_with(&[crate::FEATURE_EXEC_FLOW]).await;
+    let window = 4 * crate::flow_cost(CHUNK_SIZE);
+    let flow = client.exec_flow(&spec(10), true, window).await.unwrap();
+    let start = fake.recv().await;
+    // A huge ack before anything was sent grants nothing.
+    fake.send(
+        start.id,
+        Message::StdinAck(crate::FlowAck { bytes: u64::MAX }),
+    )
+    .await;
+    let handle = flow.handle.clone();
+    let feeding = tokio::spawn(async move { handle.stdin(&vec![0; 8 * CHUNK_SIZE]).await });
+    for _ in 0..4 {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), fake.recv()).await;
+        assert_eq!(chunk.expect("a window's worth goes out").kind, Kind::Stdin);
+    }
+    let more = tokio::time::timeout(Duration::from_millis(200), fake.recv()).await;
+    assert!(more.is_err(), "a fifth chunk went out without credit");
+    // One chunk acknowledged: one more goes out.
+    let ack = crate::FlowAck {
+        bytes: crate::flow_cost(CHUNK_SIZE),
+    };
+    fake.send(start.id, Message::StdinAck(ack)).await;
+    assert_eq!(fake.recv().await.kind, Kind::Stdin);
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    assert!(!feeding.await.unwrap().unwrap(), "the exec ended first");
+    flow.exit.wait().await.unwrap();
 }
