@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sandbox_core::ops::worker::VmTuning;
-use sandbox_core::{Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError};
+use sandbox_core::{
+    Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
+};
 use tokio::net::UnixListener;
 use tokio::process::Command;
 
-use crate::failure::{describe_exit, log_tails, BootError};
+use crate::bus::BusForward;
+use crate::failure::{describe_early_exit, log_tails, stopped_without_guest_status, BootError};
 use crate::layout::Layout;
 use crate::vm_spec;
 
@@ -61,7 +64,9 @@ impl LibkrunBackend {
             return Err(BootError::NoRunner(self.runner.display().to_string()));
         }
         let layout = Layout::new(&spec.layer_dir);
-        layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
+        layout
+            .prepare(&spec.agent_path, spec.persistent_layer)
+            .map_err(BootError::Layer)?;
         let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
@@ -69,6 +74,17 @@ impl LibkrunBackend {
             path: layout.socket.display().to_string(),
             source,
         })?;
+        let bus = match (vm_spec::bus_port(spec), spec.egress.bus) {
+            (Some(_), Some(engine)) => {
+                let bus_listener =
+                    UnixListener::bind(&layout.bus_socket).map_err(|source| BootError::Listen {
+                        path: layout.bus_socket.display().to_string(),
+                        source,
+                    })?;
+                Some(BusForward::start(bus_listener, engine))
+            }
+            _ => None,
+        };
         let log = std::fs::File::create(&layout.runner_log).map_err(BootError::Layer)?;
         let log_out = log.try_clone().map_err(BootError::Layer)?;
         // The runner asks for PR_SET_PDEATHSIG, which follows the spawning *thread*: this runs
@@ -87,10 +103,14 @@ impl LibkrunBackend {
         let accepted = tokio::select! {
             accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
             status = child.wait() => {
-                let status = status.map(describe_exit).unwrap_or_else(|e| e.to_string());
+                let no_guest_status = stopped_without_guest_status(&layout.runner_log);
+                let status = status
+                    .map(|s| describe_early_exit(s, no_guest_status))
+                    .unwrap_or_else(|e| e.to_string());
                 return Err(BootError::Exited {
                     status,
                     logs: log_tails(&layout.runner_log, &layout.console_log),
+                    no_guest_status,
                 });
             }
         };
@@ -112,9 +132,59 @@ impl LibkrunBackend {
             reader: Box::new(reader),
             writer: Box::new(writer),
             // The VM, its overlay mount and its virtio-fs servers all live and die with the
-            // runner process.
-            process: Box::new(ChildProcess::new(child)),
+            // runner process; the bus forward with this process object.
+            process: Box::new(VmProcess {
+                runner: ChildProcess::new(child),
+                _bus: bus,
+            }),
         })
+    }
+}
+
+impl LibkrunBackend {
+    /// What a boot that failed left in the layer, removed before booting again: for a
+    /// sandbox everything (its root must be fresh), for a worker VM only the runtime files
+    /// (its layer persists; the guest never got to run the workload).
+    fn clear_failed_boot(&self, spec: &BootSpec) -> std::io::Result<()> {
+        let layout = Layout::new(&spec.layer_dir);
+        let mut dirs = vec![&layout.root, &layout.agent_dir];
+        if !spec.persistent_layer {
+            dirs.extend([&layout.upper, &layout.work]);
+        }
+        for dir in dirs {
+            match sandbox_core::remove_tree::remove_tree(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        for file in [&layout.socket, &layout.bus_socket, &layout.spec] {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The runner's process, and the worker VM's bus forward that ends with it.
+struct VmProcess {
+    runner: ChildProcess,
+    _bus: Option<BusForward>,
+}
+
+#[async_trait]
+impl SandboxProcess for VmProcess {
+    fn pid(&self) -> Option<u32> {
+        self.runner.pid()
+    }
+
+    fn is_alive(&self) -> bool {
+        self.runner.is_alive()
+    }
+
+    async fn kill(&self) {
+        self.runner.kill().await;
     }
 }
 
@@ -163,34 +233,56 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
-        refuse_worker_spec(spec)?;
         refuse_egress(spec)?;
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
-        self.boot_vm(spec)
-            .await
-            .map_err(|e| SandboxError::BootFailed(e.to_string()))
+        match self.boot_vm(spec).await {
+            Err(
+                first @ BootError::Exited {
+                    no_guest_status: true,
+                    ..
+                },
+            ) => {
+                // The guest stopped during boot without a word (seen under emulated nested
+                // virtualisation, with no workload at all): one more boot, on a clean layer.
+                tracing::warn!(sandbox = %spec.sandbox_id, "{first}; booting once more");
+                self.clear_failed_boot(spec).map_err(|e| {
+                    SandboxError::BootFailed(format!(
+                        "{first}; and the layer could not be reset for a retry: {e}"
+                    ))
+                })?;
+                self.boot_vm(spec).await.map_err(|second| {
+                    SandboxError::BootFailed(format!("{second} (a second boot, after: {first})"))
+                })
+            }
+            other => other.map_err(|e| SandboxError::BootFailed(e.to_string())),
+        }
     }
-}
-
-/// Worker VMs need extra mounts (a tmpfs with read-only binds, symlinks) and a persistent
-/// layer, which the VM runner's virtio-fs shares do not express yet: refused up front rather
-/// than booted without them.
-fn refuse_worker_spec(spec: &BootSpec) -> Result<(), SandboxError> {
-    if spec.mounts.is_empty() && !spec.persistent_layer {
-        return Ok(());
-    }
-    Err(SandboxError::BootFailed(
-        "worker VMs are not served by the libkrun plugin yet (use the bwrap plugin)".into(),
-    ))
 }
 
 /// libkrun's TSI maps a guest's `connect()` onto the host's own sockets, the host's loopback
-/// (and so the engine) included; until egress goes through passt with the policy, a create
-/// asking for network is refused rather than given the host's network.
+/// (and so the engine) included, and no egress policy can judge it: no VM gets TSI. A
+/// sandbox asking for network is refused rather than given the host's network; a worker VM
+/// gets exactly one way out, the bus, forwarded over vsock (see [`crate::bus`]), which needs
+/// the engine on the host's loopback (Compose's own layout).
 fn refuse_egress(spec: &BootSpec) -> Result<(), SandboxError> {
     if !spec.network {
         return Ok(());
+    }
+    if spec.persistent_layer {
+        return match spec.egress.bus {
+            Some(bus) if bus.ip().is_loopback() => Ok(()),
+            Some(bus) => Err(SandboxError::BootFailed(format!(
+                "worker VMs on the libkrun plugin reach the engine only on the host's loopback \
+                 (forwarded over vsock), and III_URL names {bus}; run the engine on this host \
+                 or use the bwrap plugin"
+            ))),
+            None => Err(SandboxError::BootFailed(
+                "worker VMs on the libkrun plugin need the engine's address (III_URL) to forward \
+                 the bus"
+                    .into(),
+            )),
+        };
     }
     Err(SandboxError::BootFailed(
         "network egress is not served by the libkrun plugin yet: its TSI networking would reach the host's loopback and the engine, and no egress policy can judge it; create without `network` (or use the bwrap plugin)".into(),

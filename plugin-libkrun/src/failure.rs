@@ -24,11 +24,42 @@ pub enum BootError {
     #[error("cannot start the VM runner: {0}")]
     Spawn(std::io::Error),
     #[error("the microVM exited before its agent connected ({status}){logs}")]
-    Exited { status: String, logs: String },
+    Exited {
+        status: String,
+        logs: String,
+        /// libkrun logged no status from the guest: the boot itself failed (worth one retry).
+        no_guest_status: bool,
+    },
     #[error("the agent did not connect within {secs} s{logs}")]
     NoAgent { secs: u64, logs: String },
     #[error("accepting the agent's connection failed: {0}")]
     Accept(std::io::Error),
+}
+
+/// What libkrun's log (the runner's, see `vm_runner::krun::DEFAULT_LOG_FILTER`) says when the
+/// VM stopped with no status from the guest's init: a reset, a halt, a triple fault or a
+/// kernel panic (libkrun's kernel command line reboots at once on a panic).
+const NO_GUEST_STATUS: &str = "using vcpu exit code";
+
+/// Whether the runner's log says the VM stopped without a status from the guest.
+pub fn stopped_without_guest_status(runner_log: &Path) -> bool {
+    std::fs::read(runner_log)
+        .map(|log| {
+            log.windows(NO_GUEST_STATUS.len())
+                .any(|w| w == NO_GUEST_STATUS.as_bytes())
+        })
+        .unwrap_or(false)
+}
+
+/// The runner's exit status in words, for a VM that ended before its agent connected;
+/// `no_guest_status`: libkrun logged that the guest reported none.
+pub fn describe_early_exit(status: ExitStatus, no_guest_status: bool) -> String {
+    if no_guest_status && status.code() == Some(0) {
+        return "exit 0: the VM stopped during boot without a status from the guest \
+                (a reset, halt or kernel panic)"
+            .into();
+    }
+    describe_exit(status)
 }
 
 /// The runner's exit status in words.
@@ -57,6 +88,21 @@ mod tests {
         assert!(describe_exit(ExitStatus::from_raw(3 << 8)).contains("cannot boot microVMs"));
         assert!(describe_exit(ExitStatus::from_raw(125 << 8)).contains("libkrun"));
         assert!(describe_exit(ExitStatus::from_raw(9)).contains("signal"));
+    }
+
+    #[test]
+    fn an_exit_0_without_a_guest_status_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runner.log");
+        std::fs::write(&log, "[2026 DEBUG krun_vmm] using vcpu exit code: 0\n").unwrap();
+        assert!(stopped_without_guest_status(&log));
+        let text = describe_early_exit(ExitStatus::from_raw(0), true);
+        assert!(text.contains("without a status from the guest"), "{text}");
+        std::fs::write(&log, "[2026 DEBUG krun_vmm] using vmm exit code: 0\n").unwrap();
+        assert!(!stopped_without_guest_status(&log));
+        assert!(!stopped_without_guest_status(&dir.path().join("missing")));
+        let text = describe_early_exit(ExitStatus::from_raw(0), false);
+        assert!(text.contains("the agent inside stopped"), "{text}");
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct Layout {
     pub root: PathBuf,
     pub agent_dir: PathBuf,
     pub socket: PathBuf,
+    /// A worker VM's bus socket (see `bus.rs`).
+    pub bus_socket: PathBuf,
     pub spec: PathBuf,
     pub console_log: PathBuf,
     pub runner_log: PathBuf,
@@ -29,6 +31,7 @@ impl Layout {
             root: layer_dir.join("root"),
             agent_dir: layer_dir.join("agent"),
             socket: layer_dir.join("agent.sock"),
+            bus_socket: layer_dir.join("bus.sock"),
             spec: layer_dir.join("vm.json"),
             console_log: layer_dir.join("console.log"),
             runner_log: layer_dir.join("runner.log"),
@@ -37,12 +40,26 @@ impl Layout {
 
     /// Creates the directories and puts the agent in its share: a hard link when the state
     /// directory is on the agent's filesystem, else a copy (never the agent's own directory,
-    /// which holds the adapter's other files).
-    pub fn prepare(&self, agent: &Path) -> io::Result<()> {
+    /// which holds the adapter's other files). A `persistent` layer (worker VM) reuses what
+    /// its earlier boots left: the upper and work directories as they are, the agent and the
+    /// socket replaced (the adapter may have been updated, or killed before removing them).
+    pub fn prepare(&self, agent: &Path, persistent: bool) -> io::Result<()> {
         for dir in [&self.upper, &self.work, &self.root, &self.agent_dir] {
-            std::fs::create_dir(dir)?;
+            if persistent {
+                std::fs::create_dir_all(dir)?;
+            } else {
+                std::fs::create_dir(dir)?;
+            }
         }
         let target = self.agent_dir.join(AGENT_FILE);
+        if persistent {
+            for stale in [&target, &self.socket, &self.bus_socket] {
+                match std::fs::remove_file(stale) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+        }
         if std::fs::hard_link(agent, &target).is_err() {
             std::fs::copy(agent, &target)?;
         }
@@ -67,7 +84,7 @@ mod tests {
         let layer = dir.path().join("layer");
         std::fs::create_dir(&layer).unwrap();
         let layout = Layout::new(&layer);
-        layout.prepare(&agent).unwrap();
+        layout.prepare(&agent, false).unwrap();
         for d in [&layout.upper, &layout.work, &layout.root] {
             assert!(d.is_dir(), "{}", d.display());
         }
@@ -75,6 +92,30 @@ mod tests {
             std::fs::read(layout.agent_dir.join(AGENT_FILE)).unwrap(),
             b"\x7fELF not really"
         );
-        assert!(layout.prepare(&agent).is_err(), "a layer is prepared once");
+        assert!(
+            layout.prepare(&agent, false).is_err(),
+            "a layer is prepared once"
+        );
+    }
+
+    #[test]
+    fn a_persistent_layer_keeps_its_upper_and_gets_a_fresh_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("the-agent");
+        std::fs::write(&agent, b"old agent").unwrap();
+        let layer = dir.path().join("layer");
+        let layout = Layout::new(&layer);
+        layout.prepare(&agent, true).unwrap();
+        std::fs::create_dir(layout.upper.join("opt")).unwrap();
+        std::fs::write(&layout.socket, b"").unwrap();
+        std::fs::remove_file(&agent).unwrap();
+        std::fs::write(&agent, b"new agent").unwrap();
+        layout.prepare(&agent, true).unwrap();
+        assert!(layout.upper.join("opt").is_dir(), "the upper layer is kept");
+        assert!(!layout.socket.exists(), "a stale socket is removed");
+        assert_eq!(
+            std::fs::read(layout.agent_dir.join(AGENT_FILE)).unwrap(),
+            b"new agent"
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! | module | concern |
 //! | --- | --- |
 //! | [`backend`] | the `Backend`: probe, boot (listen, spawn, accept), the runner process |
+//! | `bus` | a worker VM's one way to the engine: its vsock bus socket joined to `III_URL` |
 //! | `vm_spec` | the runner's specification for one sandbox |
 //! | `layout` | the files of a sandbox's layer directory (agent copy, socket, logs) |
 //! | `failure` | boot errors, with the exit status and the console log's tail |
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+mod bus;
 mod failure;
 mod layout;
 mod vm_spec;

@@ -7,9 +7,10 @@ use serde_json::{json, Value};
 use vm_runner::spec::{MAX_VCPUS, MIN_MEMORY_MIB};
 use vm_runner::{SpecError, VmSpec};
 
+use crate::bus::BUS_VSOCK_PORT;
 use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
 use sandbox_core::ops::worker::VmTuning;
-use sandbox_core::BootSpec;
+use sandbox_core::{BootSpec, GuestMount};
 
 /// The vsock port the agent connects to (host CID 2); bridged to `agent.sock`.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
@@ -18,6 +19,10 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub enum VmSpecError {
     #[error("libkrun runs at most {MAX_VCPUS} vCPUs, asked {0}")]
     TooManyCpus(u32),
+    #[error(
+        "the symbolic link at {0} has a target that is not UTF-8, which the VM runner cannot carry"
+    )]
+    SymlinkTarget(String),
     #[error("the runner would refuse the specification: {0}")]
     Invalid(#[from] SpecError),
 }
@@ -34,6 +39,11 @@ pub fn build(
         .ok()
         .filter(|n| *n <= MAX_VCPUS)
         .ok_or(VmSpecError::TooManyCpus(spec.cpus))?;
+    let mounts = spec
+        .mounts
+        .iter()
+        .map(runner_mount)
+        .collect::<Result<Vec<_>, _>>()?;
     let mut value = json!({
         "vcpus": vcpus,
         "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
@@ -45,16 +55,38 @@ pub fn build(
             "guest_path": AGENT_GUEST_DIR,
             "read_only": true,
         }],
+        "mounts": mounts,
         "vsock": [{
             "port": AGENT_VSOCK_PORT,
             "socket": layout.socket,
             "direction": "host-listens",
         }],
         "workload": agent_in_guest(),
-        "argv": ["--vsock-port", AGENT_VSOCK_PORT.to_string()],
+        // Confined like on bwrap: the guest's own kernel knobs read-only, Docker's
+        // capabilities, seccomp (the VM is the boundary; this is depth).
+        "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
         "console_log": layout.console_log,
-        "network": spec.network,
+        // Never TSI (see `bus.rs`): a sandbox asking for network is refused before this, and
+        // a worker VM's only way out is its bus forward.
+        "network": false,
     });
+    if let Some(port) = bus_port(spec) {
+        value["vsock"]
+            .as_array_mut()
+            .expect("vsock is an array")
+            .push(json!({
+                "port": BUS_VSOCK_PORT,
+                "socket": layout.bus_socket,
+                "direction": "host-listens",
+            }));
+        value["argv"] = json!([
+            "--confine",
+            "--bus-forward",
+            format!("{port}:{BUS_VSOCK_PORT}"),
+            "--vsock-port",
+            AGENT_VSOCK_PORT.to_string()
+        ]);
+    }
     if spec.persistent_layer {
         value["nested_virt"] = tuning.nested_virt.into();
         value["virtiofs_shm_size_mib"] = tuning.virtiofs_shm_size_mib.into();
@@ -62,6 +94,41 @@ pub fn build(
     }
     let parsed = VmSpec::from_json(&value.to_string())?;
     Ok((value, parsed))
+}
+
+/// The engine's port a worker VM's guest reaches on its own loopback, when it has a bus
+/// (worker VMs with network, the engine on the host's loopback: checked by the backend).
+pub fn bus_port(spec: &BootSpec) -> Option<u16> {
+    let bus = spec
+        .egress
+        .bus
+        .filter(|_| spec.persistent_layer && spec.network)?;
+    bus.ip().is_loopback().then_some(bus.port())
+}
+
+/// One of the sandbox's mounts as the runner's `mounts` entry (made inside the root on the
+/// host side, seen by the guest through the root share).
+fn runner_mount(mount: &GuestMount) -> Result<Value, VmSpecError> {
+    Ok(match mount {
+        GuestMount::Bind(bind) => json!({
+            "kind": "bind",
+            "host_path": bind.host,
+            "guest_path": bind.guest,
+            "read_only": bind.read_only,
+        }),
+        GuestMount::Tmpfs { guest, read_only } => json!({
+            "kind": "tmpfs",
+            "guest_path": guest,
+            "read_only": read_only,
+        }),
+        GuestMount::Symlink { target, guest } => json!({
+            "kind": "symlink",
+            "target": target
+                .to_str()
+                .ok_or_else(|| VmSpecError::SymlinkTarget(guest.clone()))?,
+            "guest_path": guest,
+        }),
+    })
 }
 
 /// A sandbox's boot spec over `dir` for unit tests: an empty image root and layer, a stand-in
@@ -104,7 +171,7 @@ mod tests {
             ..test_boot_spec(dir)
         };
         let layout = Layout::new(&spec.layer_dir);
-        layout.prepare(&spec.agent_path).unwrap();
+        layout.prepare(&spec.agent_path, false).unwrap();
         (spec, layout)
     }
 
@@ -122,13 +189,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 2, 1024);
         let (_, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
-        assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, true));
+        // Never TSI, even for a spec asking for network (the backend refuses that first).
+        assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, false));
         assert_eq!(vm.root, layout.root);
         let overlay = vm.root_overlay.unwrap();
         assert_eq!(overlay.lower, spec.image_root);
         assert_eq!(overlay.upper, layout.upper);
         assert_eq!(vm.workload, "/.iii-agent/sandbox-agent");
-        assert_eq!(vm.argv, ["--vsock-port", "1024"]);
+        assert_eq!(vm.argv, ["--confine", "--vsock-port", "1024"]);
         assert_eq!(vm.vsock.len(), 1);
         assert_eq!(vm.vsock[0].socket, layout.socket);
         assert!(vm.shares[0].read_only);
@@ -153,6 +221,43 @@ mod tests {
             build(&spec, &layout, &tuning),
             Err(VmSpecError::TooManyCpus(300))
         ));
+    }
+
+    #[test]
+    fn a_worker_vm_gets_one_vsock_way_to_the_engine_and_a_sandbox_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, layout) = boot_spec(dir.path(), 1, 512);
+        spec.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
+        let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        assert_eq!(vm.vsock.len(), 1, "a sandbox gets no bus: {value}");
+        assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
+
+        spec.persistent_layer = true;
+        let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        assert!(!vm.network, "no TSI for a worker VM either");
+        assert_eq!(vm.vsock.len(), 2, "{value}");
+        assert_eq!(value["vsock"][1]["port"], BUS_VSOCK_PORT);
+        assert_eq!(value["vsock"][1]["socket"], json!(layout.bus_socket));
+        assert_eq!(value["vsock"][1]["direction"], "host-listens");
+        assert_eq!(
+            value["argv"],
+            json!([
+                "--confine",
+                "--bus-forward",
+                "49134:1025",
+                "--vsock-port",
+                "1024"
+            ])
+        );
+
+        spec.egress.bus = Some("192.0.2.7:49134".parse().unwrap());
+        assert_eq!(
+            bus_port(&spec),
+            None,
+            "only the host's loopback is forwarded"
+        );
+        spec.egress.bus = None;
+        assert_eq!(bus_port(&spec), None);
     }
 
     #[test]
@@ -201,5 +306,73 @@ mod tests {
         assert!(!krun_calls(&vm)
             .iter()
             .any(|c| matches!(c, KrunCall::Rlimits(_) | KrunCall::NestedVirt)));
+    }
+
+    #[test]
+    fn worker_mounts_reach_the_runner_in_order() {
+        use sandbox_core::Mount;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, layout) = boot_spec(dir.path(), 1, 256);
+        let file = dir.path().join("app.txt");
+        std::fs::write(&file, b"x").unwrap();
+        spec.mounts = vec![
+            GuestMount::Tmpfs {
+                guest: "/worker".into(),
+                read_only: true,
+            },
+            GuestMount::Bind(Mount {
+                host: file.clone(),
+                guest: "/worker/app.txt".into(),
+                read_only: true,
+            }),
+            GuestMount::Symlink {
+                target: "app.txt".into(),
+                guest: "/worker/link".into(),
+            },
+            GuestMount::Bind(Mount {
+                host: dir.path().to_path_buf(),
+                guest: "/state".into(),
+                read_only: false,
+            }),
+        ];
+        spec.persistent_layer = true;
+        let (_, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        assert_eq!(
+            vm.mounts,
+            vec![
+                vm_runner::GuestMount::Tmpfs {
+                    guest_path: "/worker".into(),
+                    read_only: true
+                },
+                vm_runner::GuestMount::Bind {
+                    host_path: file,
+                    guest_path: "/worker/app.txt".into(),
+                    read_only: true
+                },
+                vm_runner::GuestMount::Symlink {
+                    target: "app.txt".into(),
+                    guest_path: "/worker/link".into()
+                },
+                vm_runner::GuestMount::Bind {
+                    host_path: dir.path().to_path_buf(),
+                    guest_path: "/state".into(),
+                    read_only: false
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mount_the_runner_would_refuse_is_refused_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, layout) = boot_spec(dir.path(), 1, 256);
+        spec.mounts = vec![GuestMount::Tmpfs {
+            guest: "/worker/../etc".into(),
+            read_only: false,
+        }];
+        assert!(matches!(
+            build(&spec, &layout, &VmTuning::default()),
+            Err(VmSpecError::Invalid(SpecError::BadMountPath { .. }))
+        ));
     }
 }

@@ -73,6 +73,7 @@ FIXTURE_CACHE=/tmp/vm-lab/fixtures bash $(printf '%q' "$repo")/tests/fixtures/bu
   "\$SANDBOX_TEST_REGISTRY" python >/dev/null
 echo "[lab] registry \$SANDBOX_TEST_REGISTRY holds the python fixture"
 export SANDBOX_AGENT_PATH=/tmp/vm-lab/sandbox-agent SANDBOX_EXPECT_MICROVMS=1 LIBKRUN_BENCH_N=$n
+export LIBKRUN_WORKER_ROUNDS=${LIBKRUN_WORKER_ROUNDS:-20} SANDBOX_E2E_START_WAIT_S=300
 /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
 if [ "$mode" = test ]; then
   echo "[lab] installed as Compose installs it, on libkrun by name"
@@ -82,5 +83,5 @@ fi
 INNER
 
 log "lab run ($mode): microVM sandboxes through the engine inside a QEMU guest with working KVM"
-LAB_SCRATCH_DIR=$scratch LAB_TIMEOUT=${LAB_TIMEOUT:-900} LAB_MEM=${LAB_MEM:-3072} \
+LAB_SCRATCH_DIR=$scratch LAB_TIMEOUT=${LAB_TIMEOUT:-2400} LAB_MEM=${LAB_MEM:-3072} \
   "$here/lab.sh" -- bash /tmp/vm-lab/inner.sh

@@ -4,6 +4,28 @@
 use std::convert::Infallible;
 use std::ffi::{CString, NulError};
 
+/// What libkrun logs to the runner's stderr (its `runner.log`) unless
+/// `SANDBOX_LIBKRUN_VM_LOG` says otherwise: warnings, and `krun_vmm`'s debug lines, which are
+/// two per boot and say how the VM ended ("using vmm exit code": the guest's init reported
+/// a status; "using vcpu exit code": it stopped without one: a reset, halt or kernel panic).
+pub const DEFAULT_LOG_FILTER: &str = "warn,krun_vmm=debug";
+/// Overrides [`DEFAULT_LOG_FILTER`] (an `env_logger` filter).
+pub const LOG_FILTER_ENV: &str = "SANDBOX_LIBKRUN_VM_LOG";
+
+/// Sends libkrun's log to stderr with `filter`. Call once, before libkrun starts a thread
+/// (it reads the filter from `RUST_LOG`, which is set here for that reason).
+pub fn init_log(filter: &str) -> Result<(), KrunError> {
+    std::env::set_var("RUST_LOG", filter);
+    const STDERR: i32 = 2;
+    const LEVEL_WARN: u32 = 2;
+    const STYLE_NEVER: u32 = 2;
+    // SAFETY: stderr is open for the process's life; libkrun takes it as its log target and
+    // keeps no pointer of ours.
+    check("krun_init_log", unsafe {
+        krun::krun_init_log(STDERR, LEVEL_WARN, STYLE_NEVER, 0)
+    })
+}
+
 /// A libkrun call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KrunError {

@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 
 use crate::firmware::{self, FirmwareError};
+use crate::guest_mounts::{self, MountError};
 use crate::krun::{Context, KrunError};
 use crate::launch_file::{self, INIT_PATH, LAUNCH_PATH};
 use crate::overlay::{self, OverlayError};
@@ -21,6 +22,8 @@ pub enum LaunchError {
     Firmware(#[from] FirmwareError),
     #[error(transparent)]
     Overlay(#[from] OverlayError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
     #[error(transparent)]
     Krun(#[from] KrunError),
     #[error("cannot arrange to die with the parent process: {0}")]
@@ -148,10 +151,20 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
-    if let Some(root_overlay) = &spec.root_overlay {
-        overlay::mount_private(&spec.root, root_overlay)?;
+    // The overlay first, then the extra mounts inside it; all of it is seen by this process
+    // (and so by libkrun's virtio-fs server) only.
+    if spec.root_overlay.is_some() || !spec.mounts.is_empty() {
+        overlay::enter_private_namespace()?;
     }
+    if let Some(root_overlay) = &spec.root_overlay {
+        overlay::mount(&spec.root, root_overlay)?;
+    }
+    guest_mounts::apply(&spec.root, &spec.mounts)?;
 
+    // Every end of the VM then says in runner.log whether the guest reported a status.
+    let filter = std::env::var(crate::krun::LOG_FILTER_ENV)
+        .unwrap_or_else(|_| crate::krun::DEFAULT_LOG_FILTER.to_string());
+    crate::krun::init_log(&filter)?;
     let ctx = Context::new()?;
     for call in krun_calls(spec) {
         make(&ctx, &call)?;

@@ -74,6 +74,7 @@ mod tests {
                 guest_path: "/mnt/data".into(),
                 read_only: true,
             }],
+            mounts: vec![],
             vsock: vec![],
             workload: "/bin/sh".into(),
             argv: vec!["-c".into(), "echo \"a b\" 'c'\n\u{1}".into()],

@@ -13,7 +13,8 @@
 //! | [`launch_file`] | what the guest init shim reads: shares, argv, env, byte for byte |
 //! | [`launch`] | configure libkrun from a specification and boot |
 //! | `overlay` | the optional writable root (overlay in a private mount namespace) |
-//! | `krun`, `firmware`, `overlay` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
+//! | `guest_mounts` | the extra mounts (binds, tmpfs, symlinks) made inside the root |
+//! | `krun`, `firmware`, `overlay`, `guest_mounts` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
 //!
 //! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
 //!
@@ -21,6 +22,9 @@
 //! {"vcpus": 1, "memory_mib": 512, "root": "/abs/rootfs",
 //!  "root_overlay": {"lower": "/abs/image", "upper": "/abs/upper", "work": "/abs/work"},
 //!  "shares": [{"tag": "work", "host_path": "/abs/dir", "guest_path": "/work", "read_only": false}],
+//!  "mounts": [{"kind": "tmpfs", "guest_path": "/app", "read_only": true},
+//!             {"kind": "bind", "host_path": "/abs/f", "guest_path": "/app/f", "read_only": true},
+//!             {"kind": "symlink", "target": "f", "guest_path": "/app/g"}],
 //!  "vsock": [{"port": 1024, "socket": "/abs/agent.sock", "direction": "guest-listens"}],
 //!  "workload": "/sbin/agent", "argv": ["--flag", "a \"quoted\" arg"], "env": {"K": "v"},
 //!  "workdir": "/", "console_log": "/abs/console.log", "network": false,
@@ -37,13 +41,17 @@
 //! SMT switch: libkrun 1.19.7's `krun_set_vm_config` hard-codes it off. With
 //! `root_overlay` (needs root), `root` is only a mount point: the runner mounts the overlay
 //! there in a private mount namespace of its own, so the guest writes go to `upper` and the
-//! mount dies with the runner.
+//! mount dies with the runner. `mounts` are made by the runner inside `root` (after the
+//! overlay, in the same private namespace) and reach the guest through the root's virtio-fs
+//! share, which crosses mount points; read-only tmpfs directories become read-only last, as
+//! bwrap's `--remount-ro` does.
 //!
 //! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
 //! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
 
 pub mod exit;
 mod firmware;
+mod guest_mounts;
 mod krun;
 pub mod launch;
 pub mod launch_file;
@@ -52,4 +60,4 @@ pub mod probe;
 pub mod spec;
 
 pub use probe::{host_can_boot, HostUnfit};
-pub use spec::{RootOverlay, SpecError, VmSpec};
+pub use spec::{GuestMount, RootOverlay, SpecError, VmSpec};

@@ -47,23 +47,10 @@ fn map_self_to_root(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), OverlayErr
     Ok(())
 }
 
-/// Mounts `overlay` at `root` in a fresh private mount namespace. Must run while the
-/// process has a single thread (`unshare(CLONE_NEWNS)` refuses otherwise).
-pub fn mount_private(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
-    // SAFETY: geteuid takes nothing and cannot fail.
-    let in_user_namespace = unsafe { libc::geteuid() } != 0;
-    // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
-    let options = format!(
-        "{}lowerdir={},upperdir={},workdir={}",
-        if in_user_namespace { "userxattr," } else { "" },
-        overlay.lower.display(),
-        overlay.upper.display(),
-        overlay.work.display()
-    );
-    let options = CString::new(options).map_err(|_| OverlayError::Nul)?;
-    let target =
-        CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
-
+/// Moves the runner into a fresh mount namespace that shares nothing back with the host (for
+/// an ordinary user, inside a user namespace of its own where its ids are root). Must run
+/// while the process has a single thread (`unshare(CLONE_NEWNS)` refuses otherwise).
+pub fn enter_private_namespace() -> Result<(), OverlayError> {
     // SAFETY: geteuid/getegid take nothing and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let flags = if uid == 0 {
@@ -92,6 +79,34 @@ pub fn mount_private(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayEr
     if private != 0 {
         return Err(OverlayError::Private(std::io::Error::last_os_error()));
     }
+    Ok(())
+}
+
+/// Whether [`enter_private_namespace`] put the runner in a user namespace of its own (it
+/// then is root there, but was not on the host).
+fn in_own_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map")
+        .map(|map| !map.split_whitespace().eq(["0", "0", "4294967295"]))
+        .unwrap_or(false)
+}
+
+/// Mounts `overlay` at `root`; call [`enter_private_namespace`] first.
+pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
+    // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
+    let options = format!(
+        "{}lowerdir={},upperdir={},workdir={}",
+        if in_own_user_namespace() {
+            "userxattr,"
+        } else {
+            ""
+        },
+        overlay.lower.display(),
+        overlay.upper.display(),
+        overlay.work.display()
+    );
+    let options = CString::new(options).map_err(|_| OverlayError::Nul)?;
+    let target =
+        CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
     // SAFETY: every pointer is a NUL-terminated string that outlives the call.
     let mounted = unsafe {
         libc::mount(

@@ -69,6 +69,39 @@ pub struct RootOverlay {
     pub work: PathBuf,
 }
 
+/// An extra mount the runner sets up inside the (merged) root before the guest starts; the
+/// guest sees it through the root's virtio-fs share. Applied in order, so later entries may
+/// lie inside earlier ones (a read-only tmpfs holding read-only binds).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum GuestMount {
+    /// A host file or directory bound at `guest_path`.
+    Bind {
+        host_path: PathBuf,
+        guest_path: String,
+        #[serde(default)]
+        read_only: bool,
+    },
+    /// An empty in-memory directory; made read-only once every mount is in place.
+    Tmpfs {
+        guest_path: String,
+        #[serde(default)]
+        read_only: bool,
+    },
+    /// A symbolic link whose text is `target` (resolved inside the guest).
+    Symlink { target: String, guest_path: String },
+}
+
+impl GuestMount {
+    pub fn guest_path(&self) -> &str {
+        match self {
+            GuestMount::Bind { guest_path, .. }
+            | GuestMount::Tmpfs { guest_path, .. }
+            | GuestMount::Symlink { guest_path, .. } => guest_path,
+        }
+    }
+}
+
 /// The whole VM specification, as read from JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +115,9 @@ pub struct VmSpec {
     pub root_overlay: Option<RootOverlay>,
     #[serde(default)]
     pub shares: Vec<Share>,
+    /// Mounts made inside `root` on the host side (see [`GuestMount`]).
+    #[serde(default)]
+    pub mounts: Vec<GuestMount>,
     #[serde(default)]
     pub vsock: Vec<VsockPort>,
     /// Program to run inside the guest (absolute guest path); it is also argv\[0\].
@@ -147,6 +183,12 @@ pub enum SpecError {
     TooManyArgs(usize),
     #[error("root_overlay {field} {path:?} holds a character overlayfs options cannot carry (',', ':' or '\\')")]
     OverlayPath { field: &'static str, path: PathBuf },
+    #[error("mount guest_path {path:?}: {reason}")]
+    BadMountPath { path: String, reason: &'static str },
+    #[error("bind host_path {0:?} does not exist")]
+    MissingBindSource(PathBuf),
+    #[error("symlink at {0:?} has an empty target or one holding a NUL byte")]
+    BadSymlinkTarget(String),
     #[error("console_log {0:?}: its directory does not exist")]
     BadConsoleLog(PathBuf),
     #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
@@ -187,6 +229,7 @@ impl VmSpec {
             }
         }
         self.validate_shares()?;
+        self.validate_mounts()?;
         self.validate_vsock()?;
         guest_absolute("workload", &self.workload)?;
         for arg in &self.argv {
@@ -242,6 +285,27 @@ impl VmSpec {
         Ok(())
     }
 
+    fn validate_mounts(&self) -> Result<(), SpecError> {
+        for mount in &self.mounts {
+            mount_guest_path(mount.guest_path())?;
+            match mount {
+                GuestMount::Bind { host_path, .. } => {
+                    host_absolute("bind host_path", host_path)?;
+                    if !host_path.exists() {
+                        return Err(SpecError::MissingBindSource(host_path.clone()));
+                    }
+                }
+                GuestMount::Symlink { target, guest_path } => {
+                    if target.is_empty() || target.contains('\0') {
+                        return Err(SpecError::BadSymlinkTarget(guest_path.clone()));
+                    }
+                }
+                GuestMount::Tmpfs { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
     fn validate_vsock(&self) -> Result<(), SpecError> {
         let mut ports = BTreeSet::new();
         for bridge in &self.vsock {
@@ -284,6 +348,29 @@ fn guest_absolute(field: &'static str, value: &str) -> Result<(), SpecError> {
             field,
             value: value.to_owned(),
         });
+    }
+    Ok(())
+}
+
+/// A mount's guest path: absolute, below the root (never the root itself), and made of
+/// plain names only, so it cannot climb out of the root on the host side.
+fn mount_guest_path(path: &str) -> Result<(), SpecError> {
+    let bad = |reason| SpecError::BadMountPath {
+        path: path.to_owned(),
+        reason,
+    };
+    if path.contains('\0') {
+        return Err(bad("holds a NUL byte"));
+    }
+    if !path.starts_with('/') {
+        return Err(bad("is not absolute"));
+    }
+    let mut names = path.split('/').filter(|name| !name.is_empty()).peekable();
+    if names.peek().is_none() {
+        return Err(bad("is the root itself"));
+    }
+    if names.any(|name| name == ".." || name == ".") {
+        return Err(bad("holds a '.' or '..' component"));
     }
     Ok(())
 }
@@ -439,6 +526,78 @@ mod tests {
             matches!(check(v), Err(SpecError::Parse(_))),
             "no SMT switch to give"
         );
+    }
+
+    #[test]
+    fn mounts_of_the_three_kinds_are_accepted_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("app.txt");
+        std::fs::write(&file, b"x").unwrap();
+        let mut v = base(dir.path());
+        v["mounts"] = json!([
+            {"kind": "tmpfs", "guest_path": "/worker", "read_only": true},
+            {"kind": "bind", "host_path": file, "guest_path": "/worker/app.txt", "read_only": true},
+            {"kind": "symlink", "target": "../etc/passwd", "guest_path": "/worker/link"},
+            {"kind": "bind", "host_path": dir.path(), "guest_path": "/state"}
+        ]);
+        let spec = check(v).unwrap();
+        assert_eq!(
+            spec.mounts,
+            vec![
+                GuestMount::Tmpfs {
+                    guest_path: "/worker".into(),
+                    read_only: true
+                },
+                GuestMount::Bind {
+                    host_path: file,
+                    guest_path: "/worker/app.txt".into(),
+                    read_only: true
+                },
+                GuestMount::Symlink {
+                    target: "../etc/passwd".into(),
+                    guest_path: "/worker/link".into()
+                },
+                GuestMount::Bind {
+                    host_path: dir.path().to_path_buf(),
+                    guest_path: "/state".into(),
+                    read_only: false
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn mount_guest_paths_must_stay_below_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        for path in ["worker", "/", "//", "/worker/../etc", "/a/./b", "/a\u{0}b"] {
+            let mut v = base(dir.path());
+            v["mounts"] = json!([{"kind": "tmpfs", "guest_path": path}]);
+            assert!(
+                matches!(check(v), Err(SpecError::BadMountPath { .. })),
+                "{path:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn bind_sources_symlink_targets_and_unknown_kinds_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = base(dir.path());
+        v["mounts"] =
+            json!([{"kind": "bind", "host_path": dir.path().join("gone"), "guest_path": "/w"}]);
+        assert!(matches!(check(v), Err(SpecError::MissingBindSource(_))));
+        let mut v = base(dir.path());
+        v["mounts"] = json!([{"kind": "bind", "host_path": "rel", "guest_path": "/w"}]);
+        assert!(matches!(check(v), Err(SpecError::NotAbsolute { .. })));
+        let mut v = base(dir.path());
+        v["mounts"] = json!([{"kind": "symlink", "target": "", "guest_path": "/w"}]);
+        assert!(matches!(check(v), Err(SpecError::BadSymlinkTarget(_))));
+        let mut v = base(dir.path());
+        v["mounts"] = json!([{"kind": "overlay", "guest_path": "/w"}]);
+        assert!(matches!(check(v), Err(SpecError::Parse(_))));
+        let mut v = base(dir.path());
+        v["mounts"] = json!([{"kind": "tmpfs", "guest_path": "/w", "size": 1}]);
+        assert!(matches!(check(v), Err(SpecError::Parse(_))));
     }
 
     #[test]

@@ -89,7 +89,7 @@ time.sleep(600)
     );
     let backend = LibkrunBackend::with_runner(runner);
     let mut booted = backend.boot_vm(&spec).await.unwrap();
-    let expected = b"[\"--vsock-port\", \"1024\"]\n";
+    let expected = b"[\"--confine\", \"--vsock-port\", \"1024\"]\n";
     let mut line = vec![0u8; expected.len()];
     booted.reader.read_exact(&mut line).await.unwrap();
     assert_eq!(line, expected, "{}", String::from_utf8_lossy(&line));
@@ -111,19 +111,35 @@ time.sleep(600)
     );
 }
 
-#[tokio::test]
-async fn worker_specs_are_refused_with_s300_before_anything_starts() {
+/// A worker VM's spec: its mounts reach the runner, and its persistent layer boots again
+/// over what the first boot left (no "already exists" refusal).
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = test_boot_spec(dir.path());
+    spec.persistent_layer = true;
     spec.mounts.push(sandbox_core::GuestMount::Tmpfs {
         guest: "/worker".into(),
         read_only: true,
     });
-    let backend = LibkrunBackend::with_runner(dir.path().join("no-runner"));
-    let error = match backend.boot(&spec).await {
-        Ok(_) => panic!("a spec with mounts booted"),
-        Err(e) => e,
-    };
-    assert_eq!(error.code(), "S300");
-    assert!(error.to_string().contains("worker VMs"), "{error}");
+    let runner = script(
+        dir.path(),
+        r#"cp "$2" "$(dirname "$2")/seen.json"; echo "booted" >> "$(dirname "$2")/upper/boots"; exit 3"#,
+    );
+    let backend = LibkrunBackend::with_runner(runner);
+    for boot in 1..=2 {
+        let text = error_text(backend.boot_vm(&spec).await);
+        assert!(text.contains("exit 3"), "boot {boot}: {text}");
+    }
+    let seen: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(spec.layer_dir.join("seen.json")).unwrap()).unwrap();
+    assert_eq!(
+        seen["mounts"],
+        serde_json::json!([{"kind": "tmpfs", "guest_path": "/worker", "read_only": true}])
+    );
+    let boots = std::fs::read_to_string(spec.layer_dir.join("upper/boots")).unwrap();
+    assert_eq!(
+        boots, "booted\nbooted\n",
+        "the upper layer is kept across boots"
+    );
 }

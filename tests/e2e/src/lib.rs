@@ -396,11 +396,16 @@ impl Stack {
     }
 
     /// Waits for the adapter's `adapter::info`: the shell registers it last, so every
-    /// function is on the bus once it is.
+    /// function is on the bus once it is. 60 s, or `SANDBOX_E2E_START_WAIT_S` (the VM lab,
+    /// where loading a debug plugin under emulation takes most of a minute on a busy host).
     async fn wait_until_served(&self, options: &AdapterOptions) {
+        let wait = std::env::var("SANDBOX_E2E_START_WAIT_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Duration::from_secs(60), Duration::from_secs);
         let ready = self
             .client
-            .wait_for_function(&options.info_id(), None, Duration::from_secs(60))
+            .wait_for_function(&options.info_id(), None, wait)
             .await;
         assert!(
             ready.is_ok(),

@@ -4,7 +4,10 @@
 # was blocked and that the host's canaries did not change.
 #
 # argv[1]: a host path (the canary) that the attacks try to reach or get the host to write;
-# argv[2]: the host pid of the adapter, a process outside the sandbox.
+# argv[2]: the host pid of the adapter, a process outside the sandbox;
+# argv[3] (microVMs only): the host's boot id. A guest with a kernel of its own (another boot
+# id) has every id of its kernel: its root is not the host's, which is what the uid_map
+# attack asks. In a namespace sandbox the boot id is the host's and the map decides.
 import ctypes
 import errno
 import os
@@ -12,6 +15,7 @@ import platform
 import sys
 
 canary, adapter_pid = sys.argv[1], int(sys.argv[2])
+host_boot_id = sys.argv[3] if len(sys.argv) > 3 else None
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 results = []
@@ -44,7 +48,12 @@ def syscall(name, number, *args):
 # 1. Host root through the id mapping: the sandbox's uid 0 must not be host uid 0.
 with open("/proc/self/uid_map") as f:
     first = f.read().split()
-report("uid_map", first[1] == "0", "uid 0 is host uid " + first[1])
+with open("/proc/sys/kernel/random/boot_id") as f:
+    own_kernel = host_boot_id is not None and f.read().strip() != host_boot_id
+if own_kernel:
+    report("uid_map", False, "a kernel of its own (another boot id): its uid 0 is not the host's")
+else:
+    report("uid_map", first[1] == "0", "uid 0 is host uid " + first[1])
 
 # 2. core_pattern: the classic container escape (the host kernel runs the pipe as root).
 write_file("core_pattern", "/proc/sys/kernel/core_pattern", f"|/bin/sh -c 'echo pwned > {canary}'")

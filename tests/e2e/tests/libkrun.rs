@@ -8,6 +8,7 @@
 //! it and prints its table.
 
 mod sandbox_support;
+mod worker_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -20,6 +21,7 @@ use sandbox_support::{
     timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
+use worker_support::{wait_log, worker_ok, TOKEN};
 
 /// The stack on the libkrun plugin, serving under its own adapter name.
 async fn libkrun_stack(config: Value) -> Stack {
@@ -314,6 +316,405 @@ async fn boot_failure_is_s300_with_the_cause() {
     assert!(message.contains("exit 125"), "{body}");
     assert!(message.contains("fake runner: no VM today"), "{body}");
     assert!(live_ids(&stack).await.is_empty());
+}
+
+/// A worker VM as a microVM: `/worker` is the Compose dir without `iii.yaml` (a read-only
+/// tmpfs holding read-only binds, made by the runner inside the root and seen through the
+/// root's virtio-fs share), `/state` is the host's data dir, and the root layer persists
+/// across stop and start.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
+    let test = "worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root";
+    let project = tempfile::tempdir().expect("tempdir");
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).expect("compose dir");
+    std::fs::write(
+        compose.join("iii.yaml"),
+        "workers: {secret: compose-secret}\n",
+    )
+    .unwrap();
+    std::fs::write(compose.join("app.txt"), "hello from the host\n").unwrap();
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
+        ],
+        ..Default::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let prepared = worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "api", "image": "python", "host_path": compose}),
+    )
+    .await;
+    assert_eq!(prepared["state"], "prepared", "{prepared}");
+    let script = "ls /worker; cat /worker/app.txt; \
+        touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
+        echo x >> /worker/app.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
+        [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
+        echo hi > /state/out; echo ready; sleep 1000";
+    let start = json!({"vm_id": "api", "command": ["sh", "-c", script]});
+
+    let started_at = Instant::now();
+    let started = worker_ok(&stack, "start", start.clone()).await;
+    let start_ms = ms_since(started_at);
+    assert_eq!(started["state"], "running", "{started}");
+    let log = wait_log(&stack, "api", "ready", 1, Duration::from_secs(90)).await;
+    let ready_ms = ms_since(started_at);
+    assert!(log.contains("app.txt"), "/worker is listed: {log}");
+    assert!(
+        !log.contains("iii.yaml"),
+        "the Compose file is hidden: {log}"
+    );
+    assert!(!log.contains("compose-secret"), "{log}");
+    assert!(log.contains("hello from the host"), "{log}");
+    assert!(!log.contains("root-kept"), "a fresh root: {log}");
+    assert!(
+        log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
+        "/worker and its files are read-only: {log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(compose.join("app.txt")).unwrap(),
+        "hello from the host\n"
+    );
+    assert!(!compose.join("new").exists());
+    let data = stack.state_dir.path().join("workers/api/data/out");
+    assert_eq!(
+        std::fs::read_to_string(&data).unwrap_or_default(),
+        "hi\n",
+        "/state/out is on the host at {}",
+        data.display()
+    );
+    println!(
+        "*** worker VM start: worker::start answered in {start_ms:.0} ms, \
+         the workload's output in the log after {ready_ms:.0} ms ***"
+    );
+
+    let pid = started["pid"].as_u64().expect("pid of a running worker");
+    let stopped = worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    let gone = eventually(Duration::from_secs(10), || async {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    })
+    .await;
+    assert!(gone, "the VM runner {pid} outlived stop");
+
+    worker_ok(&stack, "start", start).await;
+    let log = wait_log(&stack, "api", "ready", 2, Duration::from_secs(90)).await;
+    assert!(log.contains("root-kept"), "the root layer persists: {log}");
+
+    let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "api"})).await;
+    assert_eq!(destroyed["destroyed"], true, "{destroyed}");
+    assert!(
+        !stack.state_dir.path().join("workers/api").exists(),
+        "destroy deletes the worker's state"
+    );
+}
+
+/// The worker VM's whole life on libkrun, `LIBKRUN_WORKER_ROUNDS` times in a row (default 1;
+/// the VM lab runs 20): a worker that connects back to the engine through its one way to the
+/// bus and registers a function, called through the engine; `status` and `logs`; another
+/// port of the host's loopback refused; the adapter killed with SIGKILL and started again,
+/// which starts the worker again; `stop` and `destroy`. Prints the count of rounds passed.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_after_round() {
+    let test = "worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_after_round";
+    let rounds: usize = std::env::var("LIBKRUN_WORKER_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let project = tempfile::tempdir().expect("tempdir");
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).unwrap();
+    std::fs::write(compose.join("worker.py"), include_str!("iii_worker.py")).unwrap();
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
+        ],
+        ..Default::default()
+    };
+    let mut stack = Stack::start(json!({}), options.clone()).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    for round in 1..=rounds {
+        let vm = format!("w{round}");
+        let function = format!("{vm}::hello");
+        let answer = format!("from-vm-{round}");
+        worker_ok(
+            &stack,
+            "prepare",
+            json!({"vm_id": vm, "image": "python", "host_path": compose}),
+        )
+        .await;
+        let started = worker_ok(
+            &stack,
+            "start",
+            json!({"vm_id": vm,
+                   "command": ["python3", "/worker/worker.py", "serve", function, answer]}),
+        )
+        .await;
+        assert_eq!(started["state"], "running", "round {round}: {started}");
+        wait_log(&stack, &vm, "registered", 1, Duration::from_secs(120)).await;
+        assert_eq!(
+            call_until_answered(&stack, &function).await,
+            json!({"answer": answer}),
+            "round {round}: {}",
+            stack.adapter.log()
+        );
+        let status = worker_ok(&stack, "status", json!({"vm_id": vm})).await;
+        assert_eq!(status["state"], "running", "round {round}: {status}");
+        let old_pid = status["pid"].as_u64().expect("a running worker's pid");
+
+        // Killed with the adapter, started again by the next adapter.
+        stack.adapter.kill9();
+        let gone = eventually(Duration::from_secs(20), || async {
+            !Path::new(&format!("/proc/{old_pid}")).exists()
+        })
+        .await;
+        assert!(gone, "round {round}: the worker VM outlived its adapter");
+        stack.restart_adapter(&options).await;
+        wait_log(&stack, &vm, "registered", 2, Duration::from_secs(120)).await;
+        assert_eq!(
+            call_until_answered(&stack, &function).await,
+            json!({"answer": answer}),
+            "round {round}, after the restart: {}",
+            stack.adapter.log()
+        );
+
+        // Nothing else of the host's loopback: a probe from a second start of the VM.
+        worker_ok(&stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
+        worker_ok(
+            &stack,
+            "start",
+            json!({"vm_id": vm,
+                   "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other_port.to_string()]}),
+        )
+        .await;
+        let probe = format!("127.0.0.1:{other_port} ");
+        let log = wait_log(&stack, &vm, &probe, 1, Duration::from_secs(120)).await;
+        let line = log.lines().find(|l| l.starts_with(&probe)).unwrap();
+        assert!(
+            !line.contains(" ok"),
+            "round {round}: another loopback port was reached: {line}"
+        );
+        let logs = worker_ok(&stack, "logs", json!({"vm_id": vm})).await;
+        assert!(
+            logs.to_string().contains("registered"),
+            "round {round}: logs keep the earlier runs: {logs}"
+        );
+
+        let stopped = worker_ok(&stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
+        assert_eq!(stopped["state"], "stopped", "round {round}: {stopped}");
+        let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": vm})).await;
+        assert_eq!(destroyed["destroyed"], true, "round {round}: {destroyed}");
+        assert!(
+            !stack.state_dir.path().join("workers").join(&vm).exists(),
+            "round {round}: destroy deletes the worker's state"
+        );
+        println!("*** libkrun worker VM round {round}/{rounds} passed ***");
+    }
+    println!("*** libkrun worker VMs: {rounds} of {rounds} rounds passed in a row ***");
+}
+
+/// The `III_VM_*` tuning as the guest sees it: a worker VM started under
+/// `III_VM_NESTED_VIRT=1` and `III_VM_NOFILE_LIMIT=4096` has that open-file limit and the
+/// virtualisation flag in its CPU flags; a sandbox of the same adapter has neither
+/// (sandboxes ignore the tuning). `III_VM_HYPERTHREADING` cannot be given (no SMT switch in
+/// libkrun 1.19.7): the guest's cores have one thread each.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox() {
+    let test = "the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox";
+    let project = tempfile::tempdir().expect("tempdir");
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).unwrap();
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
+            ("III_VM_NESTED_VIRT".into(), "on".into()),
+            ("III_VM_NOFILE_LIMIT".into(), "4096".into()),
+            ("III_VM_HYPERTHREADING".into(), "yes".into()),
+        ],
+        ..Default::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let probe = "echo nofile=$(ulimit -n); \
+        echo virt=$(grep -m1 -o -w -E 'svm|vmx' /proc/cpuinfo || echo none); \
+        echo siblings=$(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list); \
+        echo probed";
+    worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "tuned", "image": "python", "host_path": compose, "cpus": 2}),
+    )
+    .await;
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "tuned", "command": ["sh", "-c", probe]}),
+    )
+    .await;
+    let log = wait_log(&stack, "tuned", "probed", 1, Duration::from_secs(120)).await;
+    println!("*** worker VM guest with the tuning: {log} ***");
+    assert!(log.contains("nofile=4096"), "III_VM_NOFILE_LIMIT: {log}");
+    assert!(
+        log.contains("virt=svm") || log.contains("virt=vmx"),
+        "III_VM_NESTED_VIRT: {log}"
+    );
+    assert!(
+        log.contains("siblings=0\n") || log.contains("siblings=0 "),
+        "one thread a core: {log}"
+    );
+    let status = worker_ok(&stack, "status", json!({"vm_id": "tuned"})).await;
+    assert!(
+        status["vm_tuning"].to_string().contains("hyperthreading"),
+        "what was not applied is said: {status}"
+    );
+    worker_ok(&stack, "destroy", json!({"vm_id": "tuned"})).await;
+
+    let id = create(&stack, "python", json!({})).await;
+    let result = exec_ok(&stack, &id, sh(probe)).await;
+    let out = stdout(&result);
+    println!("*** sandbox of the same adapter: {out} ***");
+    assert!(
+        !out.contains("nofile=4096"),
+        "a sandbox ignores the tuning: {out}"
+    );
+    assert!(
+        out.contains("virt=none"),
+        "no nested virtualisation in a sandbox: {out}"
+    );
+    stop(&stack, &id, true).await;
+}
+
+/// The escape suite's attacks (`escape_attacks.py`, as on bwrap in `escape.rs`) from a
+/// microVM sandbox and from a worker VM: every one blocked (the agent runs `--confine` in the
+/// guest too), the host's canary and its `core_pattern` unchanged, and nothing new in the
+/// worker's host directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn microvms_cannot_escape_to_the_host() {
+    let test = "microvms_cannot_escape_to_the_host";
+    const ATTACKS: &str = include_str!("escape_attacks.py");
+    let project = tempfile::tempdir().expect("tempdir");
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).unwrap();
+    let canary = compose.join("main.txt");
+    std::fs::write(&canary, "canary: untouched\n").unwrap();
+    let canary_mtime = std::fs::metadata(&canary).unwrap().modified().unwrap();
+    let core_pattern = std::fs::read("/proc/sys/kernel/core_pattern").unwrap();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let options = AdapterOptions {
+        plugin: PluginKind::Libkrun,
+        prefix: None,
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), TOKEN.into()),
+            ("III_COMPOSE_DIR".into(), compose.display().to_string()),
+        ],
+        ..Default::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let argv = json!([
+        "python3",
+        "-c",
+        ATTACKS,
+        canary,
+        stack.adapter.pid().to_string(),
+        boot_id.trim()
+    ]);
+    let id = create(&stack, "python", json!({})).await;
+    let answer = exec_ok(&stack, &id, json!({"argv": argv, "timeout_ms": 120000})).await;
+    let output = stdout(&answer).to_string();
+    println!("{output}");
+    assert_attacks_blocked(&output, &format!("{answer}"));
+    let ok = exec_ok(&stack, &id, sh("echo ok")).await;
+    assert_eq!(stdout(&ok), "ok\n", "the sandbox still serves");
+    stop(&stack, &id, true).await;
+
+    worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "escape", "image": "python", "host_path": compose}),
+    )
+    .await;
+    worker_ok(&stack, "start", json!({"vm_id": "escape", "command": argv})).await;
+    let log = wait_log(&stack, "escape", "done ", 1, Duration::from_secs(180)).await;
+    println!("{log}");
+    assert_attacks_blocked(&log, &stack.adapter.log());
+    worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
+
+    assert_eq!(
+        std::fs::read_to_string(&canary).unwrap(),
+        "canary: untouched\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&canary).unwrap().modified().unwrap(),
+        canary_mtime
+    );
+    assert_eq!(
+        std::fs::read("/proc/sys/kernel/core_pattern").unwrap(),
+        core_pattern
+    );
+    let entries: Vec<_> = std::fs::read_dir(&compose)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        entries,
+        ["main.txt"],
+        "nothing new in the host's project dir"
+    );
+}
+
+/// Every attack line blocked, none escaped, and the script reached its end.
+fn assert_attacks_blocked(output: &str, context: &str) {
+    let escaped: Vec<&str> = output.lines().filter(|l| l.contains(" ESCAPED ")).collect();
+    assert!(escaped.is_empty(), "escapes: {escaped:#?}\n{context}");
+    let blocked = output.lines().filter(|l| l.contains(" blocked ")).count();
+    let ran: usize = output
+        .lines()
+        .find_map(|l| l.strip_prefix("done "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the attacks did not finish: {output}\n{context}"));
+    assert_eq!(blocked, ran, "every attack reports: {output}");
+    assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
+}
+
+/// Calls `function` through the engine until it answers (its worker registers
+/// asynchronously); the last error is reported if it never does.
+async fn call_until_answered(stack: &Stack, function: &str) -> Value {
+    let mut last = String::new();
+    for _ in 0..200 {
+        match stack
+            .client
+            .invoke(function, json!({}), Duration::from_secs(10))
+            .await
+        {
+            Ok(value) => return value,
+            Err(e) => last = format!("{e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{function} never answered: {last}");
 }
 
 /// Timings in ms of one measured step.
