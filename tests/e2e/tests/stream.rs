@@ -466,3 +466,40 @@ async fn a_broken_stream_is_s218_and_bad_refs_are_s001() {
     let still = exec_ok(&stack, &id, json!({"argv": ["echo", "ok"]})).await;
     assert_eq!(stdout(&still), "ok\n");
 }
+
+/// `run` streams the same way: the code's output, then the exit line, then the reply.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_streams_its_output_too() {
+    if !bwrap_usable("run_streams_its_output_too") {
+        return;
+    }
+    let stack = std::sync::Arc::new(Stack::bwrap().await);
+    let (write_end, read_end) = channel(&stack).await;
+    let mut lines = LineReader::new(&stack, &read_end);
+    let call = {
+        let stack = stack.clone();
+        tokio::spawn(async move {
+            let payload = json!({
+                "image": "python",
+                "lang": "python",
+                "code": "import sys\nprint('out')\nprint('err', file=sys.stderr)\n",
+                "stream": write_end,
+            });
+            stack.call("run", payload).await
+        })
+    };
+    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+    while let Some(line) = lines.next().await {
+        match line {
+            Line::Out(d) => out.extend(d),
+            Line::Err(d) => err.extend(d),
+            Line::Exit(e) => exit = Some(e),
+        }
+    }
+    assert_eq!(String::from_utf8_lossy(&out), "out\n");
+    assert_eq!(String::from_utf8_lossy(&err), "err\n");
+    assert_eq!(exit.expect("an exit line")["exit_code"], 0);
+    let reply = call.await.expect("run task").expect("run answers");
+    assert_eq!(stdout(&reply), "out\n");
+    assert_eq!(reply["stderr"], "err\n");
+}
