@@ -75,6 +75,16 @@ echo "[lab] registry \$SANDBOX_TEST_REGISTRY holds the python fixture"
 export SANDBOX_AGENT_PATH=/tmp/vm-lab/sandbox-agent SANDBOX_EXPECT_MICROVMS=1 LIBKRUN_BENCH_N=$n
 export LIBKRUN_WORKER_ROUNDS=${LIBKRUN_WORKER_ROUNDS:-20} SANDBOX_E2E_START_WAIT_S=300
 /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
+if [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
+  # How Compose runs the adapter: an ordinary user with /dev/kvm through its group.
+  echo "[lab] the libkrun e2e again, the adapter as the ordinary user iii-sandbox"
+  chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+  SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+    LIBKRUN_WORKER_ROUNDS=${LIBKRUN_USER_WORKER_ROUNDS:-2} \
+    /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
+elif [ "$mode" = test ]; then
+  echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
+fi
 if [ "$mode" = test ]; then
   echo "[lab] installed as Compose installs it, on libkrun by name"
   SANDBOX_RELEASE_DIR=/tmp/vm-lab/release /tmp/vm-lab/debug/deps/$(basename "$install_bin") \
@@ -82,6 +92,8 @@ if [ "$mode" = test ]; then
 fi
 INNER
 
+# mktemp made the scratch directory 0700 for root: the ordinary user must reach the binaries.
+chmod 0755 "$scratch" && chmod -R a+rX "$scratch"
 log "lab run ($mode): microVM sandboxes through the engine inside a QEMU guest with working KVM"
 LAB_SCRATCH_DIR=$scratch LAB_TIMEOUT=${LAB_TIMEOUT:-2400} LAB_MEM=${LAB_MEM:-3072} \
   "$here/lab.sh" -- bash /tmp/vm-lab/inner.sh

@@ -325,7 +325,7 @@ async fn boot_failure_is_s300_with_the_cause() {
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     let test = "worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root";
-    let project = tempfile::tempdir().expect("tempdir");
+    let project = e2e_tests::host_dir();
     let compose = project.path().join("compose");
     std::fs::create_dir(&compose).expect("compose dir");
     std::fs::write(
@@ -429,7 +429,7 @@ async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_a
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1);
-    let project = tempfile::tempdir().expect("tempdir");
+    let project = e2e_tests::host_dir();
     let compose = project.path().join("compose");
     std::fs::create_dir(&compose).unwrap();
     std::fs::write(compose.join("worker.py"), include_str!("iii_worker.py")).unwrap();
@@ -536,7 +536,7 @@ async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_a
 #[tokio::test(flavor = "multi_thread")]
 async fn the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox() {
     let test = "the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox";
-    let project = tempfile::tempdir().expect("tempdir");
+    let project = e2e_tests::host_dir();
     let compose = project.path().join("compose");
     std::fs::create_dir(&compose).unwrap();
     let options = AdapterOptions {
@@ -612,7 +612,7 @@ async fn the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox() {
 async fn microvms_cannot_escape_to_the_host() {
     let test = "microvms_cannot_escape_to_the_host";
     const ATTACKS: &str = include_str!("escape_attacks.py");
-    let project = tempfile::tempdir().expect("tempdir");
+    let project = e2e_tests::host_dir();
     let compose = project.path().join("compose");
     std::fs::create_dir(&compose).unwrap();
     let canary = compose.join("main.txt");
