@@ -21,7 +21,7 @@ use sandbox_support::{
     timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
-use worker_support::{wait_log, worker_ok, TOKEN};
+use worker_support::{wait_log, worker_ok, worker_vm_rounds, TOKEN};
 
 /// The stack on the libkrun plugin, serving under its own adapter name.
 async fn libkrun_stack(config: Value) -> Stack {
@@ -432,7 +432,6 @@ async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_a
     let project = e2e_tests::host_dir();
     let compose = project.path().join("compose");
     std::fs::create_dir(&compose).unwrap();
-    std::fs::write(compose.join("worker.py"), include_str!("iii_worker.py")).unwrap();
     let options = AdapterOptions {
         plugin: PluginKind::Libkrun,
         prefix: None,
@@ -446,86 +445,7 @@ async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_a
     if !microvms_or_refusal(&stack, test).await {
         return;
     }
-    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let other_port = other.local_addr().unwrap().port();
-    for round in 1..=rounds {
-        let vm = format!("w{round}");
-        let function = format!("{vm}::hello");
-        let answer = format!("from-vm-{round}");
-        worker_ok(
-            &stack,
-            "prepare",
-            json!({"vm_id": vm, "image": "python", "host_path": compose}),
-        )
-        .await;
-        let started = worker_ok(
-            &stack,
-            "start",
-            json!({"vm_id": vm,
-                   "command": ["python3", "/worker/worker.py", "serve", function, answer]}),
-        )
-        .await;
-        assert_eq!(started["state"], "running", "round {round}: {started}");
-        wait_log(&stack, &vm, "registered", 1, Duration::from_secs(120)).await;
-        assert_eq!(
-            call_until_answered(&stack, &function).await,
-            json!({"answer": answer}),
-            "round {round}: {}",
-            stack.adapter.log()
-        );
-        let status = worker_ok(&stack, "status", json!({"vm_id": vm})).await;
-        assert_eq!(status["state"], "running", "round {round}: {status}");
-        let old_pid = status["pid"].as_u64().expect("a running worker's pid");
-
-        // Killed with the adapter, started again by the next adapter.
-        stack.adapter.kill9();
-        let gone = eventually(Duration::from_secs(20), || async {
-            !Path::new(&format!("/proc/{old_pid}")).exists()
-        })
-        .await;
-        assert!(gone, "round {round}: the worker VM outlived its adapter");
-        stack.restart_adapter(&options).await;
-        wait_log(&stack, &vm, "registered", 2, Duration::from_secs(120)).await;
-        assert_eq!(
-            call_until_answered(&stack, &function).await,
-            json!({"answer": answer}),
-            "round {round}, after the restart: {}",
-            stack.adapter.log()
-        );
-
-        // Nothing else of the host's loopback: a probe from a second start of the VM.
-        worker_ok(&stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
-        worker_ok(
-            &stack,
-            "start",
-            json!({"vm_id": vm,
-                   "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other_port.to_string()]}),
-        )
-        .await;
-        let probe = format!("127.0.0.1:{other_port} ");
-        let log = wait_log(&stack, &vm, &probe, 1, Duration::from_secs(120)).await;
-        let line = log.lines().find(|l| l.starts_with(&probe)).unwrap();
-        assert!(
-            !line.contains(" ok"),
-            "round {round}: another loopback port was reached: {line}"
-        );
-        let logs = worker_ok(&stack, "logs", json!({"vm_id": vm})).await;
-        assert!(
-            logs.to_string().contains("registered"),
-            "round {round}: logs keep the earlier runs: {logs}"
-        );
-
-        let stopped = worker_ok(&stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
-        assert_eq!(stopped["state"], "stopped", "round {round}: {stopped}");
-        let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": vm})).await;
-        assert_eq!(destroyed["destroyed"], true, "round {round}: {destroyed}");
-        assert!(
-            !stack.state_dir.path().join("workers").join(&vm).exists(),
-            "round {round}: destroy deletes the worker's state"
-        );
-        println!("*** libkrun worker VM round {round}/{rounds} passed ***");
-    }
-    println!("*** libkrun worker VMs: {rounds} of {rounds} rounds passed in a row ***");
+    worker_vm_rounds(&mut stack, &options, &compose, rounds, "libkrun").await;
 }
 
 /// The `III_VM_*` tuning as the guest sees it: a worker VM started under
@@ -697,24 +617,6 @@ fn assert_attacks_blocked(output: &str, context: &str) {
         .unwrap_or_else(|| panic!("the attacks did not finish: {output}\n{context}"));
     assert_eq!(blocked, ran, "every attack reports: {output}");
     assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
-}
-
-/// Calls `function` through the engine until it answers (its worker registers
-/// asynchronously); the last error is reported if it never does.
-async fn call_until_answered(stack: &Stack, function: &str) -> Value {
-    let mut last = String::new();
-    for _ in 0..200 {
-        match stack
-            .client
-            .invoke(function, json!({}), Duration::from_secs(10))
-            .await
-        {
-            Ok(value) => return value,
-            Err(e) => last = format!("{e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{function} never answered: {last}");
 }
 
 /// Timings in ms of one measured step.

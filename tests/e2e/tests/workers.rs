@@ -1008,3 +1008,24 @@ async fn the_compose_file_declares_the_worker_vm_roots_and_the_tuning_is_read() 
     assert_eq!(code, "S501");
     prepare(&stack, "app2", &project.join("app")).await;
 }
+
+/// The libkrun lab's worker-VM test (`worker_vm_rounds`) on bwrap: a worker that connects back
+/// to the engine and registers a function, called through the engine, `status`, a restart
+/// after `kill -9` of the adapter, another loopback port refused, `logs`, `stop`, `destroy`;
+/// `BWRAP_WORKER_ROUNDS` times (default 3).
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_after_round() {
+    if !bwrap_usable("worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly") {
+        return;
+    }
+    let rounds = std::env::var("BWRAP_WORKER_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3);
+    let project = e2e_tests::host_dir();
+    let compose = project.path().join("compose");
+    std::fs::create_dir(&compose).unwrap();
+    let options = worker_support::compose_options(&compose);
+    let mut stack = Stack::start(json!({}), options.clone()).await;
+    worker_support::worker_vm_rounds(&mut stack, &options, &compose, rounds, "bwrap").await;
+}
