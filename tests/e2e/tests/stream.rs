@@ -503,3 +503,47 @@ async fn run_streams_its_output_too() {
     assert_eq!(stdout(&reply), "out\n");
     assert_eq!(reply["stderr"], "err\n");
 }
+
+/// A reader that never reads and a deadline: the program is killed at `timeout_ms`, the
+/// adapter gives the reader its 30 s to take the rest, then closes the stream without an exit
+/// line and answers S200 as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_reader_and_a_deadline_end_in_s200() {
+    if !bwrap_usable("a_stalled_reader_and_a_deadline_end_in_s200") {
+        return;
+    }
+    let stack = std::sync::Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    let (write_end, read_end) = channel(&stack).await;
+    let reader = ChannelReader::new(&stack.engine.url(), &channel_ref(&read_end));
+    let call = exec_in_background(
+        &stack,
+        &id,
+        json!({"argv": ["sh", "-c", "exec yes"], "stream": write_end, "timeout_ms": 2000}),
+    );
+    let (code, body) = expect_err(
+        tokio::time::timeout(Duration::from_secs(90), call)
+            .await
+            .expect("the exec answers after its deadline and the drain time")
+            .expect("exec task"),
+        "a stalled reader past the deadline",
+    );
+    assert_eq!(code, "S200", "{body}");
+    assert_eq!(body["fix"]["timed_out"], true, "{body}");
+    assert_eq!(
+        running(&stack, &id, "yes").await,
+        0,
+        "killed at the deadline"
+    );
+    // What the channel held comes, then its end, with no exit line.
+    let mut streamed = Vec::new();
+    while let Some(frame) = reader.next_binary().await.expect("the stream reads") {
+        streamed.extend(frame);
+    }
+    assert!(!streamed.is_empty());
+    let text = String::from_utf8_lossy(&streamed);
+    assert!(
+        !text.contains("\"exit\""),
+        "an exit line after a given-up stream"
+    );
+}
