@@ -274,6 +274,10 @@ pub async fn run(
             fields.remove("stderr");
             fields.insert("stdout_bytes".into(), sent.stdout.into());
             fields.insert("stderr_bytes".into(), sent.stderr.into());
+            // Here the flags are the stream's: output the agent dropped (only once the
+            // program was being killed), not the reply's 1 MiB cut.
+            fields.insert("stdout_truncated".into(), exit.stdout_truncated.into());
+            fields.insert("stderr_truncated".into(), exit.stderr_truncated.into());
         }
         let closed = match write_line(writer, &json!({ "exit": last }), &mut ended).await {
             Ok(()) => writer.close().await.map_err(|e| e.to_string()),
