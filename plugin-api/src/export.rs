@@ -108,7 +108,7 @@ impl InstanceFfi for Instance {
         let plugin = Arc::clone(&self.plugin);
         let (reply, answer) = futures::channel::oneshot::channel();
         self.handle.spawn(async move {
-            let outcome = call_plugin(plugin, function.into_string(), payload.as_str()).await;
+            let outcome = call_plugin(plugin, function.into_string(), payload).await;
             let _ = reply.send(outcome);
         });
         async move {
@@ -139,9 +139,12 @@ impl InstanceFfi for Instance {
 async fn call_plugin(
     plugin: Arc<dyn Plugin>,
     function: String,
-    payload: &str,
+    payload: RString,
 ) -> Result<Value, ErrorBody> {
-    let payload: Value = serde_json::from_str(payload).map_err(|e| {
+    let parsed = serde_json::from_str(payload.as_str());
+    // The text is not needed once parsed: a large request is not held twice while it runs.
+    drop(payload);
+    let payload: Value = parsed.map_err(|e| {
         ErrorBody::internal(format!("payload crossed the boundary as bad JSON: {e}"))
     })?;
     let future = catch_unwind(AssertUnwindSafe(|| plugin.invoke(function, payload)))

@@ -110,10 +110,20 @@ fn describe_library_error(error: LibraryError) -> String {
 pub struct PluginInstance(Arc<InstanceBox>);
 
 impl PluginInstance {
-    pub async fn invoke(&self, function: &str, payload: &Value) -> Result<Value, ErrorBody> {
+    /// Calls `function` with `payload`, which is serialised and dropped before the call: a
+    /// large request is held once as JSON text while the plugin runs, not also as a `Value`.
+    pub async fn invoke(&self, function: &str, payload: Value) -> Result<Value, ErrorBody> {
+        let text = payload.to_string();
+        drop(payload);
+        self.invoke_json(function, text).await
+    }
+
+    /// Calls `function` with a payload already serialised; the text crosses the boundary
+    /// without a copy (the plugin parses it and frees it before serving the call).
+    pub async fn invoke_json(&self, function: &str, payload: String) -> Result<Value, ErrorBody> {
         let outcome = self
             .0
-            .invoke(RString::from(function), payload.to_string().into())
+            .invoke(RString::from(function), RString::from(payload))
             .await;
         match outcome {
             RResult::ROk(text) => serde_json::from_str(text.as_str())

@@ -11,12 +11,14 @@
 //! Exit codes: 0 stopped by a signal, 1 lost the engine before start-up finished, 2 a
 //! configuration or plugin problem, 3 the engine refused the worker's registration.
 
-#![forbid(unsafe_code)]
+// `unsafe` only in `memory` (two malloc calls), allowed there by name.
+#![deny(unsafe_code)]
 
 mod auth;
 mod bundle;
 mod cli;
 mod configuration;
+mod memory;
 mod resolve;
 mod serve;
 mod services;
@@ -27,6 +29,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    memory::configure();
+    memory::cap_trace_payloads();
     let args = cli::Args::parse();
     init_tracing();
     // Before the runtime: it may set environment variables for the plugin's helpers.

@@ -53,19 +53,18 @@ pub async fn exec<B: Backend>(
     plugin: &Arc<SandboxPlugin<B>>,
     payload: Value,
 ) -> Result<Value, SandboxError> {
-    let request: ExecRequest = parse(payload)?;
+    let mut request: ExecRequest = parse(payload)?;
     let id = sandbox_id(&request.sandbox_id)?;
+    let has_stdin = request.stdin.is_some();
+    // The base64 text is freed once decoded: a large stdin is held once while it runs.
+    let stdin = stdin_bytes(request.stdin.take().as_deref())?;
     let input = ExecInput {
         argv: command(request.argv, request.cmd, request.args)?,
         env: env_pairs(request.env)?,
-        stdin: stdin_bytes(request.stdin.as_deref())?,
+        stdin,
         timeout_ms: request.timeout_ms,
         workdir: request.workdir,
-        streams: streams(
-            request.stream,
-            request.stdin_stream,
-            request.stdin.is_some(),
-        )?,
+        streams: streams(request.stream, request.stdin_stream, has_stdin)?,
     };
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
     run_in(plugin, &sandbox, input).await

@@ -61,7 +61,7 @@ pub async fn write<B: Backend>(
         path: request.path,
     };
     guest_path("path", &target.path)?;
-    let bytes_written = match (request.content, request.content_b64.as_deref()) {
+    let bytes_written = match (request.content, request.content_b64) {
         (Some(content @ Value::Object(_)), None) => {
             let reader = channel::reader_from(&plugin.host, &content)?;
             let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
@@ -134,8 +134,10 @@ async fn write_chunk(
     }
 }
 
-/// Exactly one of `content` (a UTF-8 string) and `content_b64`.
-fn content_bytes(content: Option<Value>, b64: Option<&str>) -> Result<Vec<u8>, SandboxError> {
+/// Exactly one of `content` (a UTF-8 string) and `content_b64`. Takes them by value: the text
+/// is moved (`content`) or freed as soon as it is decoded (`content_b64`), so a large write
+/// holds its content once while it travels to the agent.
+fn content_bytes(content: Option<Value>, b64: Option<String>) -> Result<Vec<u8>, SandboxError> {
     match (content, b64) {
         (Some(Value::String(text)), None) => Ok(text.into_bytes()),
         (Some(_), None) => Err(SandboxError::InvalidRequest(
@@ -301,8 +303,14 @@ mod tests {
             content_bytes(Some(json!("hi")), None).unwrap(),
             b"hi".to_vec()
         );
-        assert_eq!(content_bytes(None, Some("AP8=")).unwrap(), vec![0, 255]);
-        assert_eq!(content_bytes(None, Some("AP8")).unwrap(), vec![0, 255]);
+        assert_eq!(
+            content_bytes(None, Some("AP8=".into())).unwrap(),
+            vec![0, 255]
+        );
+        assert_eq!(
+            content_bytes(None, Some("AP8".into())).unwrap(),
+            vec![0, 255]
+        );
         assert_eq!(
             content_bytes(Some(json!("")), None).unwrap(),
             Vec::<u8>::new()
@@ -314,7 +322,7 @@ mod tests {
             (Some(json!(["a"])), None),
             (None, Some("***")),
         ] {
-            let error = content_bytes(content.clone(), b64).unwrap_err();
+            let error = content_bytes(content.clone(), b64.map(String::from)).unwrap_err();
             assert_eq!(error.code(), "S001", "{content:?} {b64:?}");
         }
     }
