@@ -24,6 +24,43 @@ struct Args {
     /// Repository:tag of the image inside the registry.
     #[arg(long, default_value = "fixtures/python:latest")]
     image: String,
+    /// Also write the rows, with every sample, as JSON here (the format sandbox-bench
+    /// merges with `--merge`).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn samples_ms(v: &[Duration]) -> Vec<f64> {
+    v.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
+}
+
+/// The rows in sandbox-bench's report format.
+fn json_rows(
+    cold: &[Duration],
+    theirs: &[Duration],
+    fresh: &[Duration],
+    have: bool,
+) -> serde_json::Value {
+    let pull = if have {
+        serde_json::json!({
+            "what": "pull + unpack, cold (python fixture)", "unit": "ms", "compare": "ratio",
+            "samples": samples_ms(cold), "baseline": "skopeo copy + umoci unpack",
+            "baseline_samples": samples_ms(theirs), "goal": "",
+            "note": "image-bench, local registry; under 1x is faster",
+        })
+    } else {
+        serde_json::json!({
+            "what": "pull + unpack, cold (python fixture)", "unit": "ms", "compare": "none",
+            "samples": samples_ms(cold), "baseline": "", "baseline_samples": [], "goal": "",
+            "note": "no baseline: skopeo and umoci are not installed (tests/fixtures/install.sh)",
+        })
+    };
+    let lookup = serde_json::json!({
+        "what": "cached image lookup (new store)", "unit": "ms", "compare": "none",
+        "samples": samples_ms(fresh), "baseline": "", "baseline_samples": [], "goal": "",
+        "note": "image-bench: ensure of a cached image from a store just opened",
+    });
+    serde_json::json!({"rows": [pull, lookup]})
 }
 
 fn fixtures() -> PathBuf {
@@ -178,6 +215,11 @@ async fn main() -> Result<()> {
         }
         keep.push(work);
     }
+    if let Some(path) = &args.json {
+        let rows = json_rows(&cold, &theirs, &fresh_lookup, have_skopeo);
+        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)
+            .with_context(|| path.display().to_string())?;
+    }
     let ours = median(cold);
     println!(
         "image-bench: {}/{} ({runs} runs, median)",
@@ -199,7 +241,7 @@ async fn main() -> Result<()> {
             ms(ours),
             ratio
         );
-        let f = median(fresh_lookup);
+        let f = median(fresh_lookup.clone());
         println!(
             "{:<44} {:>12} {:>9.0}x",
             "image-store cached ensure (new store)",

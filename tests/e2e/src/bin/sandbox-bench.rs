@@ -1,18 +1,27 @@
 //! `sandbox-bench`: what a sandbox costs through the engine on the bwrap plugin, against
-//! baselines measured in the same run (bare `bwrap`, host spawns, the agent spoken to
-//! directly). Prints one table of medians with ratios and breakdowns. Not a test: it asserts
-//! nothing about speed.
+//! baselines measured in the same run (bare `bwrap`, host spawns, GNU grep, an `iii-sdk` echo
+//! function, the agent spoken to directly). Prints one table (median and p95 of each figure
+//! and of its baseline, and their ratio), writes it as JSON with every sample, and draws the
+//! latency distributions as a PNG. Not a test: it asserts nothing about speed.
 //!
-//! Usage: `sandbox-bench [ITERATIONS]` (default 20), after `cargo build` of the adapter and
-//! `plugin-bwrap` in the same profile; needs root and bubblewrap. The static agent comes from
-//! `SANDBOX_AGENT_PATH`, else `<target>/<arch>-unknown-linux-gnu/release/sandbox-agent`.
+//! Usage: `sandbox-bench [--quick] [--iterations N] [--out DIR] [--merge FILE.json]...`
+//! (default 20 iterations, `--quick` 5; output in DIR, default `target/bench`: `bench.json`,
+//! `bench.png`, `bench.md`). `--merge` adds the rows another bench wrote in the same format
+//! (`image-bench --json`). `scripts/bench.sh` runs everything in the right order. Needs the
+//! adapter and `plugin-bwrap` built in the same profile as this binary, root and bubblewrap.
+//! The static agent comes from `SANDBOX_AGENT_PATH`, else
+//! `<target>/<arch>-unknown-linux-gnu/release/sandbox-agent`.
+
+#[path = "../bench_report.rs"]
+mod bench_report;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_proto::client::AgentClient;
-use agent_proto::ExecSpec;
+use agent_proto::{ExecSpec, FsRequest, FsResponse};
+use bench_report::Row;
 use e2e_tests::{config_with, shared_cache_dir, strip_ansi, Client, PREFIX};
 use iii_test_engine::{Engine, EngineHandle};
 use serde_json::{json, Value};
@@ -20,20 +29,55 @@ use serde_json::{json, Value};
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 const PARALLEL: usize = 32;
 const AGENT_IN_SANDBOX: &str = "/.iii-agent";
+/// Sandboxes held live for the RSS-per-sandbox row.
+const LIVE_FOR_RSS: usize = 8;
+/// The fs::grep tree: files of lines (~36 MB), one line in 500 holding `needle<N>`.
+const GREP_FILES: usize = 400;
+const GREP_LINES: usize = 2000;
+const GREP_MATCHES: usize = GREP_FILES * GREP_LINES / 500;
 
 type BenchResult<T> = Result<T, String>;
 
+struct Options {
+    iterations: usize,
+    out: PathBuf,
+    merge: Vec<PathBuf>,
+}
+
+fn options() -> BenchResult<Options> {
+    let mut options = Options {
+        iterations: 20,
+        out: PathBuf::from("target/bench"),
+        merge: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--quick" => options.iterations = 5,
+            "--iterations" => {
+                options.iterations = value("--iterations")?
+                    .parse()
+                    .map_err(|_| "--iterations takes a number")?
+            }
+            "--out" => options.out = value("--out")?.into(),
+            "--merge" => options.merge.push(value("--merge")?.into()),
+            n if n.parse::<usize>().is_ok() => options.iterations = n.parse().unwrap_or(20),
+            other => {
+                return Err(format!(
+                    "unknown argument {other} (see the header of sandbox-bench.rs)"
+                ));
+            }
+        }
+    }
+    options.iterations = options.iterations.max(2);
+    Ok(options)
+}
+
 fn main() {
-    let iterations = std::env::args()
-        .nth(1)
-        .map(|n| n.parse::<usize>())
-        .transpose()
-        .ok()
-        .flatten()
-        .unwrap_or(20)
-        .max(1);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    if let Err(e) = runtime.block_on(bench(iterations)) {
+    let result = options().and_then(|options| runtime.block_on(bench(options)));
+    if let Err(e) = result {
         eprintln!("sandbox-bench: {e}");
         std::process::exit(1);
     }
@@ -83,9 +127,11 @@ struct Stack {
 }
 
 impl Stack {
-    async fn start(profile: &Path, agent: &Path) -> BenchResult<Stack> {
+    /// The engine with `extra` in the adapter's configuration, and the adapter once it
+    /// serves; an adapter that exits instead (a refused key) is an error saying so.
+    async fn start(profile: &Path, agent: &Path, extra: Value) -> BenchResult<Stack> {
         let state = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let config = config_with(state.path(), json!({}));
+        let config = config_with(state.path(), extra);
         let log = state.path().join("adapter.log");
         let log_file = std::fs::File::create(&log).map_err(|e| format!("adapter log: {e}"))?;
         let engine = Engine::with_config("sandbox-libkrun", config)
@@ -114,17 +160,28 @@ impl Stack {
         .stderr(log_file)
         .spawn()
         .map_err(|e| format!("start the adapter: {e}"))?;
+        let mut adapter = adapter;
         let client = Client::connect(&engine.url())
             .await
             .map_err(|e| format!("client: {e:?}"))?;
-        client
-            .wait_for_function(
-                &format!("{PREFIX}::adapter::info"),
-                None,
-                Duration::from_secs(60),
-            )
+        let info = format!("{PREFIX}::adapter::info");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while client
+            .wait_for_function(&info, None, Duration::from_millis(500))
             .await
-            .map_err(|e| format!("adapter did not register: {e:?}"))?;
+            .is_err()
+        {
+            if let Ok(Some(status)) = adapter.try_wait() {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                let last = log.lines().last().map(strip_ansi).unwrap_or_default();
+                return Err(format!("the adapter exited ({status}): {last}"));
+            }
+            if Instant::now() > deadline {
+                let _ = adapter.kill();
+                let _ = adapter.wait();
+                return Err("the adapter did not register in 60 s".into());
+            }
+        }
         Ok(Stack {
             _engine: engine,
             client,
@@ -139,6 +196,25 @@ impl Stack {
             .invoke(&format!("{PREFIX}::{suffix}"), payload, CALL_TIMEOUT)
             .await
             .map_err(|e| format!("{suffix}: {} {}", e.code, e.message))
+    }
+
+    /// Any function of the engine, by its full id.
+    async fn invoke(&self, function: &str, payload: Value) -> BenchResult<Value> {
+        self.client
+            .invoke(function, payload, CALL_TIMEOUT)
+            .await
+            .map_err(|e| format!("{function}: {} {}", e.code, e.message))
+    }
+
+    /// `fs::grep` for `needle` under `path`; every match must be there.
+    async fn grep(&self, id: &str, path: &str) -> BenchResult<()> {
+        let payload =
+            json!({"sandbox_id": id, "path": path, "pattern": "needle", "max_matches": 100_000});
+        let result = self.call("fs::grep", payload).await?;
+        let found = result["matches"].as_array().map_or(0, Vec::len);
+        (found == GREP_MATCHES && result["truncated"] == false)
+            .then_some(())
+            .ok_or_else(|| format!("fs::grep found {found} matches"))
     }
 
     async fn create(&self) -> BenchResult<String> {
@@ -212,25 +288,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples.get(samples.len() / 2).copied().unwrap_or_default()
-}
-
-/// Samples of each measure, by name.
-#[derive(Default)]
-struct Samples(std::collections::BTreeMap<&'static str, Vec<Duration>>);
-
-impl Samples {
-    fn add(&mut self, key: &'static str, sample: Duration) {
-        self.0.entry(key).or_default().push(sample);
-    }
-
-    fn median(&self, key: &str) -> Duration {
-        median(self.0.get(key).cloned().unwrap_or_default())
-    }
-}
-
 fn spawn_and_wait(program: &str, args: &[&str]) -> BenchResult<()> {
     let status = Command::new(program)
         .args(args)
@@ -288,6 +345,9 @@ async fn direct_agent(root: &Path, agent: &str) -> BenchResult<DirectAgent> {
     let args = bare_bwrap_args(
         root,
         &[
+            // A writable /tmp, as a sandbox has (the grep tree is written there).
+            "--tmpfs",
+            "/tmp",
             "--ro-bind",
             agent,
             AGENT_IN_SANDBOX,
@@ -331,56 +391,193 @@ impl DirectAgent {
             .ok_or_else(|| format!("direct exec: {outcome:?}"))
     }
 
+    async fn exec(&self, argv: &[&str]) -> BenchResult<()> {
+        let outcome = self
+            .client
+            .exec(ExecSpec {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                timeout_ms: 120_000,
+                max_output_bytes: 64 * 1024,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("direct exec: {e}"))?;
+        (outcome.exit_code == 0).then_some(()).ok_or_else(|| {
+            let stderr = String::from_utf8_lossy(&outcome.stderr);
+            format!("direct exec {argv:?}: exit {} {stderr}", outcome.exit_code)
+        })
+    }
+
+    async fn grep(&self, path: &str) -> BenchResult<()> {
+        match self.client.fs(grep_request(path)).await {
+            Ok(FsResponse::Matches { matches, .. }) if matches.len() == GREP_MATCHES => Ok(()),
+            other => Err(format!("direct fs grep: {other:?}")),
+        }
+    }
+
     async fn end(mut self) {
         let _ = self.client.shutdown().await;
         let _ = self.child.kill().await;
     }
 }
 
-struct Row {
-    what: String,
-    median_ms: f64,
-    baseline: String,
-    ratio: String,
-    breakdown: String,
+/// Milliseconds of each sample.
+fn ms_all(samples: &[Duration]) -> Vec<f64> {
+    samples.iter().map(|d| ms(*d)).collect()
 }
 
-fn print_table(iterations: usize, rows: &[Row]) {
-    println!(
-        "\nsandbox-bench: medians of {iterations} iterations (bwrap plugin, through the engine)\n"
-    );
-    println!(
-        "| {:<38} | {:>9} | {:<34} | {:>13} | breakdown (median ms)",
-        "measurement", "median ms", "baseline (same run)", "ratio"
-    );
-    println!(
-        "|{}|{}|{}|{}|{}",
-        "-".repeat(40),
-        "-".repeat(11),
-        "-".repeat(36),
-        "-".repeat(15),
-        "-".repeat(40)
-    );
-    for row in rows {
-        println!(
-            "| {:<38} | {:>9.2} | {:<34} | {:>13} | {}",
-            row.what, row.median_ms, row.baseline, row.ratio, row.breakdown
-        );
+/// Samples of each measure, by name.
+#[derive(Default)]
+struct Samples(std::collections::BTreeMap<&'static str, Vec<Duration>>);
+
+impl Samples {
+    fn add(&mut self, key: &'static str, sample: Duration) {
+        self.0.entry(key).or_default().push(sample);
     }
-    println!();
+
+    fn get(&self, key: &str) -> Vec<f64> {
+        self.0.get(key).map_or_else(Vec::new, |v| ms_all(v))
+    }
+
+    fn median(&self, key: &str) -> f64 {
+        bench_report::median(&self.get(key)).unwrap_or(f64::NAN)
+    }
 }
 
-async fn bench(n: usize) -> BenchResult<()> {
+/// Times `run`, adding the sample under `key`.
+async fn timed<T>(
+    samples: &mut Samples,
+    key: &'static str,
+    run: impl std::future::Future<Output = BenchResult<T>>,
+) -> BenchResult<T> {
+    let start = Instant::now();
+    let value = run.await?;
+    samples.add(key, start.elapsed());
+    Ok(value)
+}
+
+/// Resident memory of `pid` in MiB (VmRSS).
+fn rss_mib(pid: u32) -> BenchResult<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+        .ok_or_else(|| format!("no VmRSS for {pid}"))
+}
+
+/// Every process below `pid` (not `pid` itself).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The fields after the command's closing parenthesis: state, then the parent.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+        if let Some(ppid) = ppid {
+            parents.push((child, ppid));
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parents.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// The python generator of the grep tree, so the sandbox and the host hold the same bytes.
+fn grep_tree_script(root: &str) -> String {
+    format!(
+        "import os\nfor f in range({GREP_FILES}):\n d='{root}/d%02d'%(f%20)\n os.makedirs(d,exist_ok=True)\n \
+         t=[('    let needle%d = alpha(%d);\\n'%(l,f)) if (f*{GREP_LINES}+l)%500==0 else \
+         ('    filler line %d of file %d: alpha beta gamma\\n'%(l,f)) for l in range({GREP_LINES})]\n \
+         open('%s/f%04d.txt'%(d,f),'w').write(''.join(t))\n"
+    )
+}
+
+fn grep_request(path: &str) -> FsRequest {
+    FsRequest::Grep {
+        path: path.into(),
+        pattern: "needle".into(),
+        recursive: true,
+        ignore_case: false,
+        include_glob: Vec::new(),
+        exclude_glob: Vec::new(),
+        max_matches: 100_000,
+        max_line_bytes: 4096,
+    }
+}
+
+/// `grep -rn needle` on the host's copy of the tree, its output read (as a caller would).
+fn host_grep(root: &Path) -> BenchResult<()> {
+    let out = Command::new("grep")
+        .args(["-rn", "needle"])
+        .arg(root)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("grep: {e}"))?;
+    let lines = out.stdout.iter().filter(|&&b| b == b'\n').count();
+    (lines == GREP_MATCHES)
+        .then_some(())
+        .ok_or_else(|| format!("grep -rn found {lines} lines"))
+}
+
+/// The registered `bench::echo`: a bare iii-sdk function answering its input.
+fn echo_worker(url: &str) -> iii_sdk::IIIClient {
+    let metadata = iii_sdk::runtime::WorkerMetadata {
+        name: "bench-echo".into(),
+        ..Default::default()
+    };
+    let worker = iii_sdk::register_worker(
+        url,
+        iii_sdk::InitOptions {
+            metadata: Some(metadata),
+            identity: iii_sdk::WorkerIdentityMode::Explicit,
+            ..Default::default()
+        },
+    );
+    worker.register_function(
+        "bench::echo",
+        iii_sdk::RegisterFunction::new_async(|input: Value| async move { Ok(input) }),
+    );
+    worker
+}
+
+async fn bench(options: Options) -> BenchResult<()> {
+    let n = options.iterations;
+    let started = Instant::now();
     let profile = profile_dir()?;
     let agent = agent_path(&profile)?;
     let agent_text = agent.display().to_string();
-    let stack = Stack::start(&profile, &agent).await?;
+    let stack = Stack::start(&profile, &agent, json!({})).await?;
+    let adapter_pid = stack.adapter.id();
+    let echo = echo_worker(&stack._engine.url());
+    stack
+        .client
+        .wait_for_function("bench::echo", None, Duration::from_secs(30))
+        .await
+        .map_err(|e| format!("bench::echo did not register: {e:?}"))?;
 
     // Warm-up: pulls the image once (cached from then on) and loads the python binaries.
     let warm = stack.create().await?;
     stack.exec(&warm, &["python3", "-c", "print(6*7)"]).await?;
     stack.stop(&warm).await?;
     let root = python_root()?;
+    let mut idle_rss = Vec::new();
+    for _ in 0..5 {
+        idle_rss.push(rss_mib(adapter_pid)?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Every measure is sampled once per iteration, interleaved, so that the load of a shared
     // machine weighs on each subject and its baseline alike.
@@ -390,81 +587,84 @@ async fn bench(n: usize) -> BenchResult<()> {
     let run_payload = json!({"image": "python", "code": "print(6*7)", "lang": "python"});
     let live = stack.create().await?;
     let direct_live = direct_agent(&root, &agent_text).await?;
+    // The same grep tree in the live sandbox, in the direct agent's root and on the host.
+    let host_tree = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let host_tree_path = host_tree.path().join("tree");
+    spawn_and_wait(
+        "python3",
+        &[
+            "-c",
+            &grep_tree_script(&host_tree_path.display().to_string()),
+        ],
+    )?;
+    let tree_script = grep_tree_script("/tmp/grep-tree");
+    stack.exec(&live, &["python3", "-c", &tree_script]).await?;
+    direct_live.exec(&["python3", "-c", &tree_script]).await?;
     let measured_from = log_lines(&stack.log);
     let mut samples = Samples::default();
+    let s = &mut samples;
     for _ in 0..n {
-        let start = Instant::now();
-        spawn_and_wait("/bin/true", &[])?;
-        samples.add("host_true", start.elapsed());
-        let start = Instant::now();
-        spawn_and_wait("bwrap", &true_args)?;
-        samples.add("bare_bwrap", start.elapsed());
+        timed(s, "host_true", async { spawn_and_wait("/bin/true", &[]) }).await?;
+        timed(s, "bare_bwrap", async {
+            spawn_and_wait("bwrap", &true_args)
+        })
+        .await?;
 
-        let start = Instant::now();
-        let direct = direct_agent(&root, &agent_text).await?;
-        samples.add("hello", start.elapsed());
-        let start = Instant::now();
-        direct.exec_true().await?;
-        samples.add("direct_first", start.elapsed());
+        let direct = timed(s, "hello", direct_agent(&root, &agent_text)).await?;
+        timed(s, "direct_first", direct.exec_true()).await?;
         direct.end().await;
-        let start = Instant::now();
-        direct_live.exec_true().await?;
-        samples.add("direct_exec", start.elapsed());
+        timed(s, "direct_exec", direct_live.exec_true()).await?;
 
-        let start = Instant::now();
-        stack.call("adapter::info", json!({})).await?;
-        samples.add("rtt", start.elapsed());
-        let start = Instant::now();
-        stack.exec(&live, &["/bin/true"]).await?;
-        samples.add("exec_true", start.elapsed());
-        let start = Instant::now();
-        stack.exec(&live, &py).await?;
-        samples.add("exec_py", start.elapsed());
+        timed(s, "rtt", stack.call("adapter::info", json!({}))).await?;
+        timed(s, "echo", stack.invoke("bench::echo", json!({"i": 1}))).await?;
+        timed(s, "exec_true", stack.exec(&live, &["/bin/true"])).await?;
+        timed(s, "exec_py", stack.exec(&live, &py)).await?;
+
+        timed(s, "grep_host", async { host_grep(&host_tree_path) }).await?;
+        timed(s, "grep_engine", stack.grep(&live, "/tmp/grep-tree")).await?;
+        timed(s, "grep_direct", direct_live.grep("/tmp/grep-tree")).await?;
 
         let start = Instant::now();
         let id = stack.create().await?;
         let created = start.elapsed();
         stack.exec(&id, &["/bin/true"]).await?;
-        samples.add("total", start.elapsed());
-        samples.add("first", start.elapsed() - created);
-        samples.add("create", created);
+        s.add("total", start.elapsed());
+        s.add("first", start.elapsed() - created);
+        s.add("create", created);
         stack.stop(&id).await?;
 
         // The same python in a sandbox that never ran it (fresh overlay), as `run` does.
         let id = stack.create().await?;
-        let start = Instant::now();
-        stack.exec(&id, &py).await?;
-        samples.add("fresh_py", start.elapsed());
+        timed(s, "fresh_py", stack.exec(&id, &py)).await?;
         stack.stop(&id).await?;
 
         // Egress: a network namespace with pasta and the policy, against `create` above.
-        let start = Instant::now();
-        let id = stack
-            .create_with(json!({"image": "python", "network": true}))
-            .await?;
-        samples.add("create_net", start.elapsed());
+        let net = json!({"image": "python", "network": true});
+        let id = timed(s, "create_net", stack.create_with(net)).await?;
         stack.stop(&id).await?;
 
-        let start = Instant::now();
-        let result = stack.call("run", run_payload.clone()).await?;
+        let result = timed(s, "run", stack.call("run", run_payload.clone())).await?;
         if result["stdout"] != "42\n" {
             return Err(format!("run answered {result}"));
         }
-        samples.add("run", start.elapsed());
+    }
+
+    // Memory: the adapter's own RSS with sandboxes live, against its idle RSS.
+    let mut held = Vec::new();
+    for _ in 0..LIVE_FOR_RSS - 1 {
+        held.push(stack.create().await?);
+    }
+    let live_rss = rss_mib(adapter_pid)?;
+    let children_rss: f64 = descendants(adapter_pid)
+        .into_iter()
+        .filter_map(|pid| rss_mib(pid).ok())
+        .sum();
+    for id in &held {
+        stack.stop(id).await?;
     }
     stack.stop(&live).await?;
     direct_live.end().await;
-    let m = |key: &str| samples.median(key);
-    let (host_true, bare_bwrap, hello, direct_first) = (
-        m("host_true"),
-        m("bare_bwrap"),
-        m("hello"),
-        m("direct_first"),
-    );
-    let (direct_exec, rtt, exec_true, exec_py) =
-        (m("direct_exec"), m("rtt"), m("exec_true"), m("exec_py"));
-    let (create, first, total) = (m("create"), m("first"), m("total"));
-    let (fresh_py, run) = (m("fresh_py"), m("run"));
+
     let create_phases = ["image_ms", "layer_ms", "boot_ms", "hello_ms"];
     let [image_ms, layer_ms, boot_ms, hello_ms] =
         logged_phases(&stack.log, "sandbox created", measured_from, &create_phases)[..]
@@ -490,78 +690,213 @@ async fn bench(n: usize) -> BenchResult<()> {
             stopped?;
         }
     }
-    let parallel = median(parallel);
-    let create_net = m("create_net");
-    let download = download_rows(&stack, (n / 5).max(3)).await?;
+    let download = download_rows(&stack, rounds).await?;
+    echo.shutdown_async().await;
+    drop(stack);
+    let warm_pool = warm_pool_row(&profile, &agent, n, &root).await;
 
-    let ratio = |a: Duration, b: Duration| format!("{:.2}x", ms(a) / ms(b).max(1e-6));
-    let rows = vec![
-        Row {
-            what: "create -> first exec (cached image)".into(),
-            median_ms: ms(total),
-            baseline: format!("bare bwrap /bin/true {:.2} ms", ms(bare_bwrap)),
-            ratio: format!("{} (goal <=2x)", ratio(total, bare_bwrap)),
-            breakdown: format!(
-                "create {:.2} [engine rtt {:.2}, image {image_ms:.2}, layer dir {layer_ms:.2}, \
-                 spawn {boot_ms:.2}, agent ready {hello_ms:.2}; bare bwrap+agent hello {:.2}] \
-                 + first exec {:.2} [direct to the agent {:.2}]",
-                ms(create),
-                ms(rtt),
-                ms(hello),
-                ms(first),
-                ms(direct_first)
-            ),
-        },
-        Row {
-            what: "exec /bin/true in a live sandbox".into(),
-            median_ms: ms(exec_true),
-            baseline: format!("host spawn /bin/true {:.2} ms", ms(host_true)),
-            ratio: format!("+{:.2} ms", ms(exec_true) - ms(host_true)),
-            breakdown: format!(
-                "engine rtt {:.2} + agent exec direct {:.2} (host spawn {:.2}) + adapter {:.2}",
-                ms(rtt),
-                ms(direct_exec),
-                ms(host_true),
-                ms(exec_true) - ms(rtt) - ms(direct_exec)
-            ),
-        },
-        Row {
-            what: "run print(6*7) end to end".into(),
-            median_ms: ms(run),
-            baseline: format!("create->first exec {:.2} ms", ms(total)),
-            ratio: ratio(run, total),
-            breakdown: format!(
-                "create {:.2} + python3 exec in a fresh sandbox {:.2} (in a warm one {:.2}) \
-                 + code file and teardown {:.2} [teardown: agent goodbye {goodbye_ms:.2}, \
-                 kill {kill_ms:.2}, layer {unlayer_ms:.2}]",
-                ms(create),
-                ms(fresh_py),
-                ms(exec_py),
-                ms(run) - ms(create) - ms(fresh_py)
-            ),
-        },
-        Row {
-            what: format!("{PARALLEL} creates in parallel ({rounds} rounds)"),
-            median_ms: ms(parallel),
-            baseline: format!(
-                "{PARALLEL} x one create {:.2} ms",
-                ms(create) * PARALLEL as f64
-            ),
-            ratio: ratio(parallel, create * PARALLEL as u32),
-            breakdown: format!("{:.2} per sandbox", ms(parallel) / PARALLEL as f64),
-        },
-        Row {
-            what: "create with network: true".into(),
-            median_ms: ms(create_net),
-            baseline: format!("create, network off {:.2} ms", ms(create)),
-            ratio: ratio(create_net, create),
-            breakdown: "pasta start + nftables policy + its readiness wait".into(),
-        },
+    let m = |key: &str| samples.median(key);
+    let idle = bench_report::median(&idle_rss).unwrap_or(f64::NAN);
+    let per_sandbox = (live_rss - idle) / LIVE_FOR_RSS as f64;
+    let create = m("create");
+    let mut rows = vec![
+        Row::timed(
+            "create -> first exec, cold",
+            samples.get("total"),
+            "bare bwrap --unshare-all /bin/true",
+            samples.get("bare_bwrap"),
+        )
+        .goal("<= 2x")
+        .note(format!(
+            "create {create:.2} [engine rtt {:.2}, image {image_ms:.2}, layer dir {layer_ms:.2}, \
+             spawn {boot_ms:.2}, agent ready {hello_ms:.2}; bare bwrap+agent hello {:.2}] \
+             + first exec {:.2} [direct to the agent {:.2}]",
+            m("rtt"),
+            m("hello"),
+            m("first"),
+            m("direct_first")
+        )),
+        warm_pool,
+        Row::timed(
+            "exec /bin/true in a live sandbox",
+            samples.get("exec_true"),
+            "host spawn /bin/true",
+            samples.get("host_true"),
+        )
+        .difference()
+        .goal("< +0.3 ms")
+        .note(format!(
+            "engine rtt {:.2} + agent exec direct {:.2} (host spawn {:.2}) + adapter {:.2}",
+            m("rtt"),
+            m("direct_exec"),
+            m("host_true"),
+            m("exec_true") - m("rtt") - m("direct_exec")
+        )),
+        Row::timed(
+            "fs::grep through the engine",
+            samples.get("grep_engine"),
+            "grep -rn (host, same tree)",
+            samples.get("grep_host"),
+        )
+        .goal("<= 1.0x")
+        .note(format!(
+            "{GREP_FILES} files, ~36 MB, {GREP_MATCHES} matching lines; \
+             agent spoken to directly {:.2} ms",
+            m("grep_direct")
+        )),
+        Row::timed(
+            "fs::grep, agent spoken to directly",
+            samples.get("grep_direct"),
+            "grep -rn (host, same tree)",
+            samples.get("grep_host"),
+        )
+        .goal("<= 1.0x")
+        .note("the agent in a bare bwrap over the same root, over its pipe"),
+        Row::timed(
+            "adapter::info through the engine",
+            samples.get("rtt"),
+            "iii-sdk echo function, same engine",
+            samples.get("echo"),
+        )
+        .note("both called from the same client"),
+        Row::timed(
+            "run print(6*7) end to end",
+            samples.get("run"),
+            "create -> first exec, cold",
+            samples.get("total"),
+        )
+        .note(format!(
+            "create {create:.2} + python3 exec in a fresh sandbox {:.2} (in a warm one {:.2}) \
+             + code file and teardown {:.2} [teardown: agent goodbye {goodbye_ms:.2}, \
+             kill {kill_ms:.2}, layer {unlayer_ms:.2}]",
+            m("fresh_py"),
+            m("exec_py"),
+            m("run") - create - m("fresh_py")
+        )),
+        Row::timed(
+            &format!("{PARALLEL} creates in parallel"),
+            ms_all(&parallel),
+            &format!("{PARALLEL} x the median create"),
+            samples
+                .get("create")
+                .iter()
+                .map(|c| c * PARALLEL as f64)
+                .collect(),
+        )
+        .note(format!(
+            "{rounds} rounds; {:.2} ms per sandbox",
+            bench_report::median(&ms_all(&parallel)).unwrap_or(f64::NAN) / PARALLEL as f64
+        )),
+        Row::timed(
+            "create with network: true",
+            samples.get("create_net"),
+            "create, network off",
+            samples.get("create"),
+        )
+        .note("pasta start + nftables policy + its readiness wait"),
     ];
-    let mut rows = rows;
     rows.extend(download);
-    print_table(n, &rows);
+    rows.push(
+        Row::single("adapter RSS, idle", "MiB", idle_rss)
+            .goal("< 30 MiB")
+            .note("VmRSS after a warm-up create, no sandbox live"),
+    );
+    rows.push(
+        Row::single("adapter RSS per live sandbox", "MiB", vec![per_sandbox]).note(format!(
+            "{LIVE_FOR_RSS} live: adapter {live_rss:.1} MiB; their processes (launcher, \
+             bwrap, agent) {:.1} MiB RSS each, shared pages counted in each",
+            children_rss / LIVE_FOR_RSS as f64
+        )),
+    );
+    for file in &options.merge {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+        rows.extend(bench_report::rows_from_json(&value));
+    }
+
+    let title = format!(
+        "sandbox-bench: {n} iterations, bwrap plugin through the engine ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    let table = bench_report::table(&title, &rows);
+    println!("\n{table}");
+    std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
+    let write = |name: &str, bytes: &[u8]| {
+        let path = options.out.join(name);
+        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("bench.md", table.as_bytes())?;
+    let json = serde_json::to_vec_pretty(&bench_report::to_json(&title, &rows))
+        .map_err(|e| e.to_string())?;
+    write("bench.json", &json)?;
+    let png = options.out.join("bench.png");
+    bench_report::draw_png(&png, &title, &rows)?;
+    println!(
+        "written: {} (table), {} (every sample), {} (chart)",
+        options.out.join("bench.md").display(),
+        options.out.join("bench.json").display(),
+        png.display()
+    );
     Ok(())
+}
+
+/// Create -> first exec with `warm_pool: {python: 2}`, against bare bwrap in the same run:
+/// before each create the pool is full again; each create must boot nothing
+/// (`adapter::info.boots.on_create`). "not available" when the adapter refuses the key.
+async fn warm_pool_row(profile: &Path, agent: &Path, n: usize, root: &Path) -> Row {
+    const WHAT: &str = "create -> first exec, warm pool";
+    match warm_pool_samples(profile, agent, n, root).await {
+        Ok((ours, bare, boots)) => {
+            Row::timed(WHAT, ours, "bare bwrap --unshare-all /bin/true", bare)
+                .goal("< 0.5x")
+                .note(format!(
+            "warm_pool {{python: 2}}, refilled before each create; boots on create: {boots} of {n}"
+        ))
+        }
+        Err(e) => Row::missing(WHAT, &format!("not available: {e}")),
+    }
+}
+
+async fn warm_pool_samples(
+    profile: &Path,
+    agent: &Path,
+    n: usize,
+    root: &Path,
+) -> BenchResult<(Vec<f64>, Vec<f64>, u64)> {
+    let stack = Stack::start(profile, agent, json!({"warm_pool": {"python": 2}})).await?;
+    let true_args = bare_bwrap_args(root, &["/bin/true"])?;
+    let true_args: Vec<&str> = true_args.iter().map(String::as_str).collect();
+    let boots = |info: &Value| info["boots"]["on_create"].as_u64();
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    let mut booted = 0;
+    for _ in 0..n {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let before = loop {
+            let info = stack.call("adapter::info", json!({})).await?;
+            let pool = &info["warm_pool"]["images"]["python"];
+            if pool["ready"].as_u64() >= pool["target"].as_u64()
+                && pool["target"].as_u64() > Some(0)
+            {
+                break boots(&info).ok_or("adapter::info has no boots.on_create")?;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the pool did not fill in 60 s: {pool}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let start = Instant::now();
+        spawn_and_wait("bwrap", &true_args)?;
+        bare.push(ms(start.elapsed()));
+        let start = Instant::now();
+        let id = stack.create().await?;
+        stack.exec(&id, &["/bin/true"]).await?;
+        ours.push(ms(start.elapsed()));
+        let info = stack.call("adapter::info", json!({})).await?;
+        booted += boots(&info).unwrap_or(before) - before;
+        stack.stop(&id).await?;
+    }
+    Ok((ours, bare, booted))
 }
 
 /// Where the download row's server stands: a network namespace of the bench's own, at a
@@ -574,8 +909,10 @@ const DOWNLOAD_MIB: usize = 100;
 /// against the same download by the host, interleaved. Empty when `ip netns` is unavailable.
 async fn download_rows(stack: &Stack, rounds: usize) -> BenchResult<Vec<Row>> {
     let Some(_server) = DownloadServer::start() else {
-        println!("download row DID NOT RUN: needs `ip netns` (iproute2) and root");
-        return Ok(Vec::new());
+        return Ok(vec![Row::missing(
+            &format!("{DOWNLOAD_MIB} MiB from the \"public\" server"),
+            "DID NOT RUN: needs `ip netns` (iproute2) and root",
+        )]);
     };
     let client = format!(
         "import socket,time\ns=time.monotonic();c=socket.create_connection(('{DOWNLOAD_ADDR}',9000));n=0\n\
@@ -604,14 +941,15 @@ async fn download_rows(stack: &Stack, rounds: usize) -> BenchResult<Vec<Row>> {
         sandbox.push(Duration::from_secs_f64(seconds));
     }
     stack.stop(&id).await?;
-    let (host, sandbox) = (median(host), median(sandbox));
-    Ok(vec![Row {
-        what: format!("{DOWNLOAD_MIB} MiB from the \"public\" server"),
-        median_ms: ms(sandbox),
-        baseline: format!("the host's download {:.2} ms", ms(host)),
-        ratio: format!("{:.2}x", ms(sandbox) / ms(host).max(1e-6)),
-        breakdown: format!("through pasta, {rounds} rounds, each timed inside python3"),
-    }])
+    Ok(vec![Row::timed(
+        &format!("{DOWNLOAD_MIB} MiB from the \"public\" server"),
+        ms_all(&sandbox),
+        "the host's own download",
+        ms_all(&host),
+    )
+    .note(format!(
+        "through pasta, {rounds} rounds, each timed inside python3"
+    ))])
 }
 
 /// The namespace, its veth and the server; removed when dropped.

@@ -1,0 +1,60 @@
+#!/bin/sh
+# Every benchmark of the project, one table: scripts/bench.sh [--quick]
+#
+# Builds in release mode (the adapter, plugin-bwrap, the static agent, sandbox-bench,
+# image-bench), runs image-bench (pull + unpack against skopeo copy + umoci unpack) and then
+# sandbox-bench, which measures everything through the engine against its baselines in the
+# same run and merges image-bench's rows into one table: median and p95 of each figure and of
+# its baseline, and their ratio. Written to $BENCH_OUT (default target/bench): bench.md (the
+# table), bench.json (every sample), bench.png (the latency distributions).
+# Then, unless --quick, the component benches print their own tables below it (agent exec
+# overhead and fs grep/sed against direct tools, engine round trips).
+# The microVM figures come from the VM lab only (tests/vm-lab/measure.sh); not run here.
+#
+# Needs root, bubblewrap, python3, grep; skopeo and umoci for the pull baseline (its row says
+# when they are missing); `ip netns` for the download row. The fixture registry:
+# $SANDBOX_TEST_REGISTRY (host:port) when set, else image-bench starts one from
+# tests/fixtures/ (tests/fixtures/install.sh) and sandbox-bench uses the e2e harness's.
+# --quick: 5 iterations (about 1 to 2 minutes after the build); default 20 (about 3 to 6).
+set -eu
+cd "$(dirname "$0")/.."
+
+quick=
+case "${1:-}" in
+--quick) quick=1 ;;
+"") ;;
+*)
+    echo "usage: scripts/bench.sh [--quick]" >&2
+    exit 2
+    ;;
+esac
+out=${BENCH_OUT:-target/bench}
+mkdir -p "$out"
+
+# One package set per command: a --bin would narrow all of them to that binary.
+cargo build --release -p sandbox-libkrun -p plugin-bwrap >&2
+cargo build --release -p image-store --bin image-bench >&2
+cargo build --release -p e2e-tests --bin sandbox-bench >&2
+SANDBOX_AGENT_PATH=$(sh agent/build-static.sh)
+export SANDBOX_AGENT_PATH
+
+runs=5
+iterations=
+if [ -n "$quick" ]; then
+    runs=3
+    iterations=--quick
+fi
+set -- --runs "$runs" --json "$out/image.json"
+if [ -n "${SANDBOX_TEST_REGISTRY:-}" ]; then
+    set -- "$@" --registry "$SANDBOX_TEST_REGISTRY"
+fi
+target/release/image-bench "$@" >"$out/image.txt"
+
+target/release/sandbox-bench $iterations --out "$out" --merge "$out/image.json"
+
+if [ -z "$quick" ]; then
+    echo
+    echo "component benches (their own tables):"
+    SANDBOX_AGENT_BIN=$SANDBOX_AGENT_PATH cargo bench -p sandbox-agent 2>/dev/null
+    cargo bench -p iii-test-engine --bench roundtrip 2>/dev/null
+fi
