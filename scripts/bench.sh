@@ -15,7 +15,9 @@
 # when they are missing); `ip netns` for the download row. The fixture registry:
 # $SANDBOX_TEST_REGISTRY (host:port) when set, else image-bench starts one from
 # tests/fixtures/ (tests/fixtures/install.sh) and sandbox-bench uses the e2e harness's.
-# --quick: 5 iterations (about 1 to 2 minutes after the build); default 20 (about 3 to 6).
+# --quick: 5 iterations and no component benches (about 40 s after the build, on a shared
+# 2-core machine); default: 20 iterations (about 1 minute) and the component benches (the
+# agent's sed row alone takes about a minute more). The first release build takes 10-20 min.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,6 @@ target/release/sandbox-bench $iterations --out "$out" --merge "$out/image.json"
 if [ -z "$quick" ]; then
     echo
     echo "component benches (their own tables):"
-    SANDBOX_AGENT_BIN=$SANDBOX_AGENT_PATH cargo bench -p sandbox-agent 2>/dev/null
+    SANDBOX_AGENT_BIN=$SANDBOX_AGENT_PATH cargo bench -p sandbox-agent --bench exec_overhead --bench search 2>/dev/null
     cargo bench -p iii-test-engine --bench roundtrip 2>/dev/null
 fi

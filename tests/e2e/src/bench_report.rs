@@ -237,7 +237,7 @@ const WIDTH: u32 = 1400;
 const ROW_HEIGHT: u32 = 64;
 const TOP: u32 = 72;
 const LABEL_WIDTH: i32 = 560;
-const RIGHT: i32 = 120;
+const RIGHT: i32 = 130;
 const INK: RGBColor = RGBColor(30, 30, 30);
 const OURS: RGBColor = RGBColor(31, 119, 180);
 const THEIRS: RGBColor = RGBColor(150, 150, 150);
@@ -391,7 +391,7 @@ pub fn draw_png(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
         );
         text(
             &root,
-            plot_right + 8,
+            plot_right + 14,
             y + 26,
             1,
             &INK,
