@@ -11,7 +11,7 @@
 //! Exit codes: 0 stopped by a signal, 1 lost the engine before start-up finished, 2 a
 //! configuration or plugin problem, 3 the engine refused the worker's registration.
 
-// `unsafe` only in `memory` (two malloc calls), allowed there by name.
+// `unsafe` only in `memory` (one malloc call), allowed there by name.
 #![deny(unsafe_code)]
 
 mod auth;

@@ -9,7 +9,6 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::auth::WorkerToken;
-use crate::memory;
 
 /// What every call handler shares.
 pub struct Dispatcher {
@@ -73,12 +72,7 @@ impl Dispatcher {
             // runs, so a large request is held once (the plugin frees the text once parsed).
             let text = payload.to_string();
             drop(payload);
-            let large = text.len() >= memory::LARGE_REQUEST_BYTES;
             let outcome = self.plugin.invoke_json(function, text).await;
-            if large {
-                // Its buffers are freed by now (the reply is at most a few MiB).
-                memory::release_after_large_request();
-            }
             match &outcome {
                 Ok(result) if self.trace_payloads => tracing::debug!(%result, "result"),
                 Ok(_) => {}
