@@ -449,8 +449,17 @@ impl Search {
         scratch: &mut Vec<u8>,
         found: &mut dyn FnMut(u64, String) -> ControlFlow<()>,
     ) -> io::Result<ControlFlow<()>> {
-        let head = fill(file, scratch, 0, BINARY_PROBE)?;
-        if is_binary(&scratch[..head]) {
+        // A file of up to SCRATCH_KEEP bytes is read with one call, as much as its size says
+        // (GNU grep trusts it too: a file growing meanwhile is searched up to its size when
+        // opened); a larger one is probed first, so a big binary is not read whole. A size of
+        // 0 (also what some kernel files say) reads to the end, up to the bound.
+        let first = match len {
+            0 => WHOLE_FILE_MAX as usize,
+            n if n <= SCRATCH_KEEP as u64 => n as usize,
+            _ => BINARY_PROBE,
+        };
+        let head = fill(file, scratch, 0, first)?;
+        if is_binary(&scratch[..head.min(BINARY_PROBE)]) {
             return Ok(ControlFlow::Continue(()));
         }
         let line_bytes = self.line_bytes;
@@ -462,13 +471,9 @@ impl Search {
         };
         if let Some(buffer) = &self.patterns.buffer {
             if len <= WHOLE_FILE_MAX {
-                // One byte past the size, to see a file grown meanwhile: searched up to the bound.
-                let (mut filled, first) = (head, (len as usize + 1).min(WHOLE_FILE_MAX as usize));
-                if head == BINARY_PROBE {
-                    filled = fill(file, scratch, head, first)?;
-                    if filled == first {
-                        filled = fill(file, scratch, filled, WHOLE_FILE_MAX as usize)?;
-                    }
+                let mut filled = head;
+                if first == BINARY_PROBE && head == BINARY_PROBE {
+                    filled = fill(file, scratch, head, len as usize)?;
                 }
                 let data = &scratch[..filled];
                 return Ok(search_buffer(data, buffer, &self.patterns.line, &mut found));
@@ -489,14 +494,21 @@ impl Search {
 }
 
 /// Reads `file` into `buf[from..]` until `upto` bytes are there or the file ends; the
-/// buffer only ever grows (its bytes past what was read are stale). Returns the bytes held.
+/// buffer only ever grows (its bytes past what was read are stale), to `upto` at once when
+/// that is at most `SCRATCH_KEEP`, else step by step. Returns the bytes held.
 fn fill(mut file: &File, buf: &mut Vec<u8>, from: usize, upto: usize) -> io::Result<usize> {
-    if buf.len() < upto {
-        buf.resize(upto, 0);
-    }
     let mut filled = from;
     while filled < upto {
-        match file.read(&mut buf[filled..upto]) {
+        if buf.len() <= filled {
+            let want = if upto <= SCRATCH_KEEP {
+                upto
+            } else {
+                (filled * 2).clamp(SCRATCH_KEEP, upto)
+            };
+            buf.resize(want, 0);
+        }
+        let end = buf.len().min(upto);
+        match file.read(&mut buf[filled..end]) {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -846,5 +858,20 @@ mod tests {
         assert!(expected.1, "the budget is reached");
         let got = matches(grep_with(dir.path(), &q, 2, 300).unwrap());
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn files_past_one_read_are_searched_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        // Past SCRATCH_KEEP: probed, then read in steps; the last line has no newline.
+        let filler = "filler line\n".repeat(300_000);
+        std::fs::write(dir.path().join("big"), format!("hit 1\n{filler}hit 2")).unwrap();
+        std::fs::write(dir.path().join("big.bin"), format!("\0{filler}hit")).unwrap();
+        std::fs::write(dir.path().join("empty"), "").unwrap();
+        for workers in [1, 2] {
+            let got = matches(grep_with(dir.path(), &query("hit"), workers, HELD_MAX).unwrap());
+            let lines: Vec<(u64, String)> = got.0.into_iter().map(|r| (r.1, r.2)).collect();
+            assert_eq!(lines, [(1, "hit 1".into()), (300_002, "hit 2".into())]);
+        }
     }
 }
