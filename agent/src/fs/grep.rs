@@ -13,9 +13,9 @@
 //! bounded memory.
 //!
 //! A directory is walked by one thread (the descriptor walk of `walk`: nothing is ever
-//! opened through a link) which opens each file and hands it to up to `MAX_WORKERS` search
-//! threads; their results are merged in walk order, so the reply is the one a single thread
-//! gives. What the threads hold unmerged is bounded by `HELD_MAX` bytes of matches and
+//! opened through a link) which opens each file and hands them, `BATCH` at a time, to up to
+//! `MAX_WORKERS` search threads; their results are merged in walk order, so the reply is the
+//! one a single thread gives. What the threads hold unmerged is bounded by `HELD_MAX` bytes of matches and
 //! `WINDOW` files: a file whose matches would pass the bound is searched again, in turn.
 
 use std::collections::BTreeMap;
@@ -47,6 +47,9 @@ const MATCH_OVERHEAD: usize = 64;
 const MAX_WORKERS: usize = 4;
 /// Files opened and not yet merged, at most.
 const WINDOW: usize = 64;
+/// Files handed to a search thread at once (fewer wake-ups), and their bytes at most.
+const BATCH: usize = 8;
+const BATCH_BYTES: u64 = 4 * 1024 * 1024;
 /// Bytes of matches (as encoded) the search threads hold unmerged, at most.
 const HELD_MAX: usize = REPLY_BUDGET;
 /// A search thread's buffer larger than this is released after its file.
@@ -221,9 +224,9 @@ where
 {
     let held = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let (job_tx, job_rx) = mpsc::sync_channel::<Job>(WINDOW);
+    let (job_tx, job_rx) = mpsc::sync_channel::<Vec<Job>>(WINDOW / BATCH);
     let job_rx = Mutex::new(job_rx);
-    let (found_tx, found_rx) = mpsc::channel::<(Job, Found)>();
+    let (found_tx, found_rx) = mpsc::channel::<Vec<(Job, Found)>>();
     std::thread::scope(|scope| {
         for _ in 0..workers {
             let found_tx = found_tx.clone();
@@ -232,15 +235,19 @@ where
                 let mut scratch = Vec::new();
                 loop {
                     let next = job_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    let Ok(job) = next else {
+                    let Ok(jobs) = next else {
                         return; // the walk is over
                     };
-                    let found = if stop.load(Ordering::Relaxed) {
-                        Found::default()
-                    } else {
-                        search_job(search, &job, &mut scratch, held, held_max)
-                    };
-                    if found_tx.send((job, found)).is_err() {
+                    let mut done = Vec::with_capacity(jobs.len());
+                    for job in jobs {
+                        let found = if stop.load(Ordering::Relaxed) {
+                            Found::default()
+                        } else {
+                            search_job(search, &job, &mut scratch, held, held_max)
+                        };
+                        done.push((job, found));
+                    }
+                    if found_tx.send(done).is_err() {
                         return;
                     }
                 }
@@ -256,14 +263,25 @@ where
             next: 0,
             scratch: Vec::new(),
         };
-        let (mut sent, mut stopped) = (0, false);
+        let mut out = Outgoing {
+            tx: job_tx,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            queued: 0,
+            sent: 0,
+        };
+        let mut stopped = false;
         let walked = walk(&mut |path, file, len| {
-            let flow = visit(&mut merge, &found_rx, &mut sent, &job_tx, path, file, len);
+            let flow = out.visit(&mut merge, &found_rx, path, file, len);
             stopped = flow.is_break();
             flow
         });
+        if !stopped && out.flush().is_break() {
+            stopped = true;
+        }
+        let sent = out.sent;
         // No more files: the threads end once the queue is empty.
-        drop(job_tx);
+        drop(out);
         // The walk ends early only when the reply is full (or no thread is left): the files
         // still out are then not merged.
         let mut done = stopped;
@@ -276,33 +294,58 @@ where
     })
 }
 
-/// Hands one file of the walk to the search threads (waiting while `WINDOW` files are out)
-/// and merges what has come back; breaks once the reply is full.
-fn visit(
-    merge: &mut Merge,
-    found_rx: &mpsc::Receiver<(Job, Found)>,
-    sent: &mut usize,
-    job_tx: &mpsc::SyncSender<Job>,
-    path: String,
-    file: File,
-    len: u64,
-) -> ControlFlow<()> {
-    while *sent - merge.next >= WINDOW {
-        merge.wait(found_rx)?;
+/// Files on their way to the search threads, in batches of `BATCH`.
+struct Outgoing {
+    tx: mpsc::SyncSender<Vec<Job>>,
+    batch: Vec<Job>,
+    batch_bytes: u64,
+    /// Files numbered so far, and how many of them were sent.
+    queued: usize,
+    sent: usize,
+}
+
+impl Outgoing {
+    /// Queues one file of the walk (sending the batch once full, waiting while `WINDOW`
+    /// files are out) and merges what has come back; breaks once the reply is full.
+    fn visit(
+        &mut self,
+        merge: &mut Merge,
+        found_rx: &mpsc::Receiver<Vec<(Job, Found)>>,
+        path: String,
+        file: File,
+        len: u64,
+    ) -> ControlFlow<()> {
+        self.batch.push(Job {
+            seq: self.queued,
+            path,
+            file,
+            len,
+            room_matches: merge.hits.max - merge.hits.matches.len(),
+            room_bytes: merge.hits.budget,
+        });
+        self.queued += 1;
+        self.batch_bytes += len;
+        if self.batch.len() >= BATCH || self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        // Only files sent are waited for: a batch being filled never is.
+        while self.sent - merge.next >= WINDOW {
+            merge.wait(found_rx)?;
+        }
+        merge.ready(found_rx)
     }
-    let job = Job {
-        seq: *sent,
-        path,
-        file,
-        len,
-        room_matches: merge.hits.max - merge.hits.matches.len(),
-        room_bytes: merge.hits.budget,
-    };
-    if job_tx.send(job).is_err() {
-        return ControlFlow::Break(()); // no search thread left
+
+    fn flush(&mut self) -> ControlFlow<()> {
+        if self.batch.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        self.batch_bytes = 0;
+        if self.tx.send(std::mem::take(&mut self.batch)).is_err() {
+            return ControlFlow::Break(()); // no search thread left
+        }
+        self.sent = self.queued;
+        ControlFlow::Continue(())
     }
-    *sent += 1;
-    merge.ready(found_rx)
 }
 
 /// The search threads' results, put back in walk order.
@@ -318,18 +361,24 @@ struct Merge<'a> {
 
 impl Merge<'_> {
     /// Merges what has arrived, without waiting.
-    fn ready(&mut self, rx: &mpsc::Receiver<(Job, Found)>) -> ControlFlow<()> {
-        while let Ok((job, found)) = rx.try_recv() {
-            self.waiting.insert(job.seq, (job, found));
+    fn ready(&mut self, rx: &mpsc::Receiver<Vec<(Job, Found)>>) -> ControlFlow<()> {
+        while let Ok(done) = rx.try_recv() {
+            self.arrived(done);
         }
         self.drain()
     }
 
+    fn arrived(&mut self, done: Vec<(Job, Found)>) {
+        for (job, found) in done {
+            self.waiting.insert(job.seq, (job, found));
+        }
+    }
+
     /// Waits for one more file's result, then merges what is in order.
-    fn wait(&mut self, rx: &mpsc::Receiver<(Job, Found)>) -> ControlFlow<()> {
+    fn wait(&mut self, rx: &mpsc::Receiver<Vec<(Job, Found)>>) -> ControlFlow<()> {
         match rx.recv() {
-            Ok((job, found)) => {
-                self.waiting.insert(job.seq, (job, found));
+            Ok(done) => {
+                self.arrived(done);
                 self.drain()
             }
             Err(_) => ControlFlow::Break(()), // the search threads are gone
