@@ -80,7 +80,7 @@ if [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
   echo "[lab] the libkrun e2e again, the adapter as the ordinary user iii-sandbox"
   chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
   SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
-    LIBKRUN_WORKER_ROUNDS=${LIBKRUN_USER_WORKER_ROUNDS:-2} \
+    LIBKRUN_WORKER_ROUNDS=${LIBKRUN_USER_WORKER_ROUNDS:-1} \
     /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
 elif [ "$mode" = test ]; then
   echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"

@@ -248,7 +248,10 @@ pub async fn timeout_kills_the_grandchild(
     within: Duration,
 ) -> u32 {
     let mut tree =
-        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & echo started; wait");
+        // "started" only once the grandchild has written its pid (a slow guest may take a
+        // while to start it).
+        sh("sh -c 'echo $$ > /tmp/grandchild.pid; exec sleep 1000' & \
+            while [ ! -s /tmp/grandchild.pid ]; do sleep 0.05; done; echo started; wait");
     tree["timeout_ms"] = json!(timeout_ms);
     let (code, body) = expect_err(exec(stack, id, tree).await, "timed-out process tree");
     assert_eq!(code, "S200", "{body}");

@@ -86,8 +86,8 @@ pub async fn wait_log(
 /// The worker VM's whole life, `rounds` times in a row on one stack (workers.rs on bwrap,
 /// libkrun.rs in the VM lab): a worker that connects back to the engine and registers a
 /// function, called through the engine; `status`; the adapter killed with SIGKILL and started
-/// again (`options`), which starts the worker again; another port of the host's loopback
-/// refused from a second start; `logs`; `stop` and `destroy`. `compose` is a host root of the
+/// again (`options`), which starts the worker again; in the first round, another port of the
+/// host's loopback refused from a second start; `logs`; `stop` and `destroy`. `compose` is a host root of the
 /// stack (the worker's `host_path`). Prints the count of rounds passed.
 pub async fn worker_vm_rounds(
     stack: &mut Stack,
@@ -144,22 +144,25 @@ pub async fn worker_vm_rounds(
             stack.adapter.log()
         );
 
-        // Nothing else of the host's loopback: a probe from a second start of the VM.
-        worker_ok(stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
-        worker_ok(
-            stack,
-            "start",
-            json!({"vm_id": vm,
-                   "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other_port.to_string()]}),
-        )
-        .await;
-        let probe = format!("127.0.0.1:{other_port} ");
-        let log = wait_log(stack, &vm, &probe, 1, Duration::from_secs(120)).await;
-        let line = log.lines().find(|l| l.starts_with(&probe)).unwrap();
-        assert!(
-            !line.contains(" ok"),
-            "round {round}: another loopback port was reached: {line}"
-        );
+        // Nothing else of the host's loopback: a probe from a second start of the VM (the
+        // first round only: one boot less in each later one).
+        if round == 1 {
+            worker_ok(stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
+            worker_ok(
+                stack,
+                "start",
+                json!({"vm_id": vm,
+                       "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other_port.to_string()]}),
+            )
+            .await;
+            let probe = format!("127.0.0.1:{other_port} ");
+            let log = wait_log(stack, &vm, &probe, 1, Duration::from_secs(120)).await;
+            let line = log.lines().find(|l| l.starts_with(&probe)).unwrap();
+            assert!(
+                !line.contains(" ok"),
+                "round {round}: another loopback port was reached: {line}"
+            );
+        }
         let logs = worker_ok(stack, "logs", json!({"vm_id": vm})).await;
         assert!(
             logs.to_string().contains("registered"),
@@ -167,7 +170,16 @@ pub async fn worker_vm_rounds(
         );
 
         let stopped = worker_ok(stack, "stop", json!({"vm_id": vm, "timeout_ms": 3000})).await;
-        assert_eq!(stopped["state"], "stopped", "round {round}: {stopped}");
+        // Round 1 ends on the probe, which may have exited by itself already.
+        let expected: &[&str] = if round == 1 {
+            &["stopped", "exited"]
+        } else {
+            &["stopped"]
+        };
+        assert!(
+            expected.iter().any(|state| stopped["state"] == *state),
+            "round {round}: {stopped}"
+        );
         let destroyed = worker_ok(stack, "destroy", json!({"vm_id": vm})).await;
         assert_eq!(destroyed["destroyed"], true, "round {round}: {destroyed}");
         assert!(
