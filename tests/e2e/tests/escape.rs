@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{create, exec_ok, stdout};
+use sandbox_support::{assert_all_blocked, create, exec_ok, stdout};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
 
@@ -54,23 +54,6 @@ impl Canary {
             self.path.display()
         );
     }
-}
-
-/// Every attack line of the script's output: none escaped, and as many ran as expected.
-fn assert_all_blocked(output: &str, context: &str) {
-    println!("{output}");
-    let escaped: Vec<&str> = output.lines().filter(|l| l.contains(" ESCAPED ")).collect();
-    assert!(escaped.is_empty(), "escapes: {escaped:#?}\n{context}");
-    let blocked = output.lines().filter(|l| l.contains(" blocked ")).count();
-    let done = output
-        .lines()
-        .find_map(|l| l.strip_prefix("done "))
-        .unwrap_or_else(|| panic!("the attacks did not finish: {output}\n{context}"));
-    let ran: usize = done.split_whitespace().next().unwrap().parse().unwrap();
-    assert_eq!(blocked, ran, "every attack reports: {output}");
-    // The fixed attacks (uid map, core_pattern, 8 knobs, 3 mounts, the status checks...),
-    // whatever the number of read-only mounts.
-    assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -286,3 +286,20 @@ pub async fn timeout_kills_the_grandchild(
     assert!(gone, "grandchild {pid} still alive inside the sandbox");
     pid
 }
+
+/// The escape suite (`escape_attacks.py`, run by escape.rs and libkrun.rs): every attack line of the script's output: none escaped, and as many ran as expected.
+pub fn assert_all_blocked(output: &str, context: &str) {
+    println!("{output}");
+    let escaped: Vec<&str> = output.lines().filter(|l| l.contains(" ESCAPED ")).collect();
+    assert!(escaped.is_empty(), "escapes: {escaped:#?}\n{context}");
+    let blocked = output.lines().filter(|l| l.contains(" blocked ")).count();
+    let done = output
+        .lines()
+        .find_map(|l| l.strip_prefix("done "))
+        .unwrap_or_else(|| panic!("the attacks did not finish: {output}\n{context}"));
+    let ran: usize = done.split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(blocked, ran, "every attack reports: {output}");
+    // The fixed attacks (uid map, core_pattern, 8 knobs, 3 mounts, the status checks...),
+    // whatever the number of read-only mounts.
+    assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
+}
