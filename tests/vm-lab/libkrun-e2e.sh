@@ -76,12 +76,13 @@ export SANDBOX_AGENT_PATH=/tmp/vm-lab/sandbox-agent SANDBOX_EXPECT_MICROVMS=1 LI
 export LIBKRUN_WORKER_ROUNDS=${LIBKRUN_WORKER_ROUNDS:-20} SANDBOX_E2E_START_WAIT_S=300
 /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
 if [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
-  # How Compose runs the adapter: an ordinary user with /dev/kvm through its group.
+  # How Compose runs the adapter: an ordinary user with /dev/kvm through its group. The
+  # sandbox and worker VM tests (the escape and tuning ones ran as root above).
   echo "[lab] the libkrun e2e again, the adapter as the ordinary user iii-sandbox"
   chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
   SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
     LIBKRUN_WORKER_ROUNDS=${LIBKRUN_USER_WORKER_ROUNDS:-1} \
-    /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args
+    /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args microvm_sandboxes worker_vm
 elif [ "$mode" = test ]; then
   echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
 fi
