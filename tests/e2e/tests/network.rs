@@ -211,6 +211,7 @@ async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    earlier_sandboxes_gone().await;
     let _public = public_host();
     let _private = private_host();
     // A server on the host's loopback, and the engine: neither may be reached.
@@ -558,6 +559,21 @@ fn proxy_pids() -> Vec<String> {
         .collect()
 }
 
+/// pasta and the resolver proxies are counted host-wide: waits until an earlier test's
+/// sandboxes (going away as its stack drops) have taken theirs along, and fails if they stay.
+async fn earlier_sandboxes_gone() {
+    let clear = sandbox_support::eventually(Duration::from_secs(15), || async {
+        pasta_processes() == 0 && dns_proxies() == 0
+    })
+    .await;
+    assert!(
+        clear,
+        "an earlier sandbox's pasta or resolver proxy is still running: {} pasta, proxies {:?}",
+        pasta_processes(),
+        proxy_pids()
+    );
+}
+
 fn dns_proxies() -> usize {
     proxy_pids().len()
 }
@@ -568,6 +584,7 @@ async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    earlier_sandboxes_gone().await;
     let public = public_host();
     public.add_address(&format!("{PUBLIC_2}/24"), "hello-public");
     let dns = DnsServer::start();
