@@ -115,9 +115,24 @@ impl Drop for LauncherPool {
     }
 }
 
-/// Ends an unused launcher (killed on drop) and removes its group if it is already empty.
+/// Ends an unused launcher and removes its group once the launcher has left it: right after
+/// the kill the dying process still holds the group and an rmdir then fails (EBUSY), which
+/// left one empty group behind per discard. Without a runtime (the pool dropped at exit) the
+/// group goes if it is already empty, else to the next start's sweep.
 fn discard(launcher: Launcher) {
-    let Launcher { child, group } = launcher;
-    drop(child);
-    group.remove_if_empty();
+    let Launcher { mut child, group } = launcher;
+    let _ = child.start_kill();
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                let _ = child.wait().await;
+                let name = group.name().to_string();
+                let _ = tokio::task::spawn_blocking(move || crate::cgroup::remove(&name)).await;
+            });
+        }
+        Err(_) => {
+            drop(child);
+            group.remove_if_empty();
+        }
+    }
 }
