@@ -71,13 +71,7 @@ fn layer_ids(stack: &Stack) -> BTreeSet<String> {
 
 /// The cgroup a layer records (bwrap groups are not named after the sandbox).
 fn cgroup_of(stack: &Stack, id: &str) -> Option<String> {
-    let file = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id)
-        .join("cgroup");
-    std::fs::read_to_string(file).ok()
+    std::fs::read_to_string(sandbox_support::cgroup_file(stack, id)).ok()
 }
 
 async fn list(stack: &Stack) -> Value {

@@ -175,15 +175,20 @@ pub fn descendants(root: u32) -> Vec<HostProcess> {
     found
 }
 
-/// The name of the cgroup the bwrap backend gave sandbox `id`, as its layer records it while
-/// the sandbox lives (groups are made ahead of the create, so they are not named after it).
-pub fn cgroup_name(stack: &Stack, id: &str) -> String {
-    let file = stack
+/// Where sandbox `id`'s layer records the name of its bwrap cgroup.
+pub fn cgroup_file(stack: &Stack, id: &str) -> std::path::PathBuf {
+    stack
         .state_dir
         .path()
         .join("sandboxes")
         .join(id)
-        .join("cgroup");
+        .join("cgroup")
+}
+
+/// The name of the cgroup the bwrap backend gave sandbox `id`, as its layer records it while
+/// the sandbox lives (groups are made ahead of the create, so they are not named after it).
+pub fn cgroup_name(stack: &Stack, id: &str) -> String {
+    let file = cgroup_file(stack, id);
     std::fs::read_to_string(&file)
         .unwrap_or_else(|e| panic!("{} names no cgroup: {e}", file.display()))
 }
