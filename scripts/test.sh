@@ -10,6 +10,30 @@ cd "$root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/sandbox-libkrun-tests.XXXXXX")
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+# A failing cargo test run does not stop the script: the later passes still run, so one CI
+# run shows every failure, and the failing tests' own output (their panics, what they
+# printed) is repeated at the very end, where a truncated log still shows it.
+failed=()
+cargo_tests() {
+  local label=$1; shift
+  local log="$work/$label.log"
+  if ! "$@" 2>&1 | tee "$log"; then
+    failed+=("$label")
+  fi
+}
+failure_digest() {
+  local label
+  for label in "${failed[@]}"; do
+    echo
+    echo "=== failures of: $label"
+    [ -f "$work/$label.log" ] || continue
+    # cargo test's "failures:" sections, each up to its "test result:" line; the last 300
+    # lines of them, the panics being at their ends.
+    awk '/^failures:$/ {on=1} on {print} /^test result:/ {on=0}' "$work/$label.log" | tail -n 300
+    grep -E '^error: .*target|^    `-p ' "$work/$label.log" || true
+  done
+}
+
 # Whatever ran before (the quickstart installs without the VM lab), this installs what the
 # tests need; fast when everything is there.
 step "install (scripts/install-deps.sh)"
@@ -29,7 +53,8 @@ export SANDBOX_TEST_REGISTRY=$reg_addr
 step "cargo test --workspace"
 # --show-output: a test that cannot run its real check on this host (no usable KVM, no
 # writable cgroups) says so on stdout, and that must reach the log even when it passes.
-cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output
+cargo_tests "cargo test --workspace (root)" \
+  cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output
 
 step "end to end again, the adapter started as an ordinary user (how Compose runs it)"
 if [ "$(id -u)" != 0 ]; then
@@ -43,7 +68,9 @@ else
   done
   cp "$SANDBOX_AGENT_PATH" "$bin/sandbox-agent"
   chmod -R a+rX "$bin"
-  SANDBOX_E2E_ADAPTER_USER=$user SANDBOX_E2E_BIN_DIR=$bin SANDBOX_AGENT_PATH=$bin/sandbox-agent \
+  cargo_tests "e2e as the ordinary user" \
+    env SANDBOX_E2E_ADAPTER_USER="$user" SANDBOX_E2E_BIN_DIR="$bin" \
+    SANDBOX_AGENT_PATH="$bin/sandbox-agent" \
     cargo test -p e2e-tests --no-fail-fast -- --test-threads=2 --show-output
 fi
 
@@ -51,5 +78,13 @@ step "libkrun microVMs in the VM lab"
 if [ "${SKIP_VM_LAB:-0}" = 1 ]; then
   echo "VM lab tests DID NOT RUN: SKIP_VM_LAB=1"
 else
-  bash tests/vm-lab/run-tests.sh
+  bash tests/vm-lab/run-tests.sh || failed+=("VM lab (tests/vm-lab/run-tests.sh: its own log above)")
 fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  failure_digest
+  echo
+  echo "=== FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "=== all passes succeeded"
