@@ -15,6 +15,7 @@ use sandbox_core::{
 use tokio::net::UnixListener;
 use tokio::process::Command;
 
+use crate::bounded_log;
 use crate::bus::BusForward;
 use crate::failure::{describe_early_exit, log_tails, stopped_without_guest_status, BootError};
 use crate::layout::Layout;
@@ -27,6 +28,9 @@ pub const RUNNER_ENV: &str = "SANDBOX_LIBKRUN_VM";
 /// How long a booting microVM may take until its agent connects (under the VM lab's
 /// emulation a boot takes 4-10 s; the host may be loaded).
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a runner that exited may take to have its last output in the logs (its pipes
+/// end with it, unless something it started still holds them).
+const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct LibkrunBackend {
     runner: PathBuf,
@@ -84,8 +88,13 @@ impl LibkrunBackend {
             }
             _ => None,
         };
-        let log = std::fs::File::create(&layout.runner_log).map_err(BootError::Layer)?;
-        let log_out = log.try_clone().map_err(BootError::Layer)?;
+        // The guest console on the runner's stdout, libkrun's log on its stderr: both through
+        // pipes into files kept within a bound (a guest must not fill the host's disk).
+        let (console_out, console_drained) =
+            bounded_log::start(&layout.console_log, bounded_log::LIMIT)
+                .map_err(BootError::Layer)?;
+        let (log_out, log_drained) =
+            bounded_log::start(&layout.runner_log, bounded_log::LIMIT).map_err(BootError::Layer)?;
         // The runner asks for PR_SET_PDEATHSIG, which follows the spawning *thread*: this runs
         // on a tokio worker thread, which lives as long as the plugin's runtime.
         let mut child = Command::new(&self.runner)
@@ -94,14 +103,17 @@ impl LibkrunBackend {
             .env_clear()
             .envs(runner_env())
             .stdin(Stdio::null())
-            .stdout(log_out)
-            .stderr(log)
+            .stdout(console_out)
+            .stderr(log_out)
             .kill_on_drop(true)
             .spawn()
             .map_err(BootError::Spawn)?;
         let accepted = tokio::select! {
             accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
             status = child.wait() => {
+                // What the runner and the guest wrote last explains the exit: read it all.
+                let drained = both_drained(console_drained, log_drained);
+                let _ = tokio::time::timeout(LOG_DRAIN_TIMEOUT, drained).await;
                 let no_guest_status = stopped_without_guest_status(&layout.runner_log);
                 let status = status
                     .map(|s| describe_early_exit(s, no_guest_status))
@@ -185,6 +197,11 @@ impl SandboxProcess for VmProcess {
     async fn kill(&self) {
         self.runner.kill().await;
     }
+}
+
+/// Both log copies to their ends.
+async fn both_drained(a: tokio::task::JoinHandle<()>, b: tokio::task::JoinHandle<()>) {
+    let _ = tokio::join!(a, b);
 }
 
 impl Default for LibkrunBackend {

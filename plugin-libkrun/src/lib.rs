@@ -9,6 +9,7 @@
 //! | module | concern |
 //! | --- | --- |
 //! | [`backend`] | the `Backend`: probe, boot (listen, spawn, accept), the runner process |
+//! | `bounded_log` | the runner's log and the guest console, on disk within a bound |
 //! | `bus` | a worker VM's one way to the engine: its vsock bus socket joined to `III_URL` |
 //! | `vm_spec` | the runner's specification for one sandbox |
 //! | `layout` | the files of a sandbox's layer directory (agent copy, socket, logs) |
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+mod bounded_log;
 mod bus;
 mod failure;
 mod layout;

@@ -12,6 +12,9 @@ use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{BootSpec, GuestMount};
 
+/// Where the runner sends the guest console: its stdout.
+pub const CONSOLE_FD: i32 = 1;
+
 /// The vsock port the agent connects to (host CID 2); bridged to `agent.sock`.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 
@@ -65,7 +68,8 @@ pub fn build(
         // Not `--confine` yet: under it, a program's background child never ran in the VM lab
         // (not understood yet); the VM is the boundary.
         "argv": ["--vsock-port", AGENT_VSOCK_PORT.to_string()],
-        "console_log": layout.console_log,
+        // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
+        "console_fd": CONSOLE_FD,
         // Never TSI (see `bus.rs`): a sandbox asking for network is refused before this, and
         // a worker VM's only way out is its bus forward.
         "network": false,
@@ -199,10 +203,7 @@ mod tests {
         assert_eq!(vm.vsock.len(), 1);
         assert_eq!(vm.vsock[0].socket, layout.socket);
         assert!(vm.shares[0].read_only);
-        assert_eq!(
-            vm.console_log.as_deref(),
-            Some(layout.console_log.as_path())
-        );
+        assert_eq!((vm.console_fd, vm.console_log), (Some(CONSOLE_FD), None));
     }
 
     #[test]

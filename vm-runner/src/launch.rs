@@ -28,6 +28,23 @@ pub enum LaunchError {
     Krun(#[from] KrunError),
     #[error("cannot arrange to die with the parent process: {0}")]
     DeathSignal(std::io::Error),
+    #[error("console_fd {0} is not an open descriptor of ours: {1}")]
+    ConsoleFd(i32, std::io::Error),
+}
+
+/// Checks that the inherited console descriptor is open, and marks one above stderr
+/// close-on-exec: only libkrun, in this process, writes to it, and nothing we might start
+/// may hold the pipe open past our end (its reader waits for that end to drain it).
+fn keep_from_children(fd: i32) -> std::io::Result<()> {
+    // SAFETY: F_GETFD and F_SETFD take and return integers; an fd we do not own fails
+    // with EBADF and nothing else happens.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags < 0 || (fd > 2 && libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) < 0) {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Makes the kernel SIGKILL us when the parent dies, so no VM outlives its owner.
@@ -115,6 +132,10 @@ pub fn krun_calls(spec: &VmSpec) -> Vec<KrunCall> {
     if let Some(log) = &spec.console_log {
         calls.push(KrunCall::ConsoleOutput(log.to_string_lossy().into_owned()));
     }
+    // libkrun opens the console by path; this one reopens the inherited pipe.
+    if let Some(fd) = spec.console_fd {
+        calls.push(KrunCall::ConsoleOutput(format!("/proc/self/fd/{fd}")));
+    }
     if let Some(limit) = spec.nofile_limit {
         calls.push(KrunCall::Rlimits(vec![format!(
             "{GUEST_RLIMIT_NOFILE}={limit}:{limit}"
@@ -148,6 +169,9 @@ fn make(ctx: &Context, call: &KrunCall) -> Result<(), KrunError> {
 /// Probes the host, configures libkrun from `spec` and boots. Never returns on success:
 /// libkrun exits the process with the guest workload's status.
 pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
+    if let Some(fd) = spec.console_fd {
+        keep_from_children(fd).map_err(|e| LaunchError::ConsoleFd(fd, e))?;
+    }
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
@@ -185,6 +209,7 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::SpecError;
     use serde_json::json;
 
     fn spec(extra: serde_json::Value) -> VmSpec {
@@ -238,5 +263,36 @@ mod tests {
         // Nested virtualisation is set before the devices; everything before start.
         let nested = calls.iter().position(|c| *c == KrunCall::NestedVirt);
         assert_eq!(nested, Some(1));
+    }
+
+    #[test]
+    fn an_inherited_console_is_reopened_through_proc() {
+        let calls = krun_calls(&spec(json!({"console_fd": 7})));
+        assert!(calls.contains(&KrunCall::ConsoleOutput("/proc/self/fd/7".into())));
+        let err = VmSpec::from_json(
+            &json!({"vcpus": 1, "memory_mib": 512, "root": "/", "workload": "/a",
+                    "console_fd": 0})
+            .to_string(),
+        );
+        assert!(matches!(err, Err(SpecError::BadConsoleFd(0))), "{err:?}");
+        let both = VmSpec::from_json(
+            &json!({"vcpus": 1, "memory_mib": 512, "root": "/", "workload": "/a",
+                    "console_fd": 5, "console_log": "/tmp/c.log"})
+            .to_string(),
+        );
+        assert!(matches!(both, Err(SpecError::TwoConsoles)), "{both:?}");
+    }
+
+    #[test]
+    fn the_console_descriptor_must_be_open() {
+        let (reader, _writer) = std::io::pipe().unwrap();
+        use std::os::fd::AsRawFd;
+        let fd = reader.as_raw_fd();
+        keep_from_children(fd).unwrap();
+        // SAFETY: F_GETFD on a descriptor this test owns.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        drop(reader);
+        assert!(keep_from_children(fd).is_err());
     }
 }

@@ -81,6 +81,7 @@ mod tests {
             env: BTreeMap::from([("A".into(), "x y".into()), ("PATH".into(), "/bin".into())]),
             workdir: None,
             console_log: None,
+            console_fd: None,
             network: false,
             nested_virt: false,
             virtiofs_shm_size_mib: 0,

@@ -130,9 +130,16 @@ pub struct VmSpec {
     /// Guest working directory (default `/`).
     #[serde(default)]
     pub workdir: Option<String>,
-    /// Host file receiving the guest console; without it the console is our stdout.
+    /// Host file receiving the guest console; without it (and without `console_fd`) the
+    /// console goes to libkrun's log, our stderr.
     #[serde(default)]
     pub console_log: Option<PathBuf>,
+    /// A descriptor inherited from our parent (1 = our stdout, or one >= 3) receiving the
+    /// guest console instead, e.g. a pipe whose reader keeps it within a bound, so a guest
+    /// writing to its console without end cannot fill the host's disk. Not together with
+    /// `console_log`.
+    #[serde(default)]
+    pub console_fd: Option<i32>,
     /// Networking (libkrun's TSI): off unless asked.
     #[serde(default)]
     pub network: bool,
@@ -191,6 +198,10 @@ pub enum SpecError {
     BadSymlinkTarget(String),
     #[error("console_log {0:?}: its directory does not exist")]
     BadConsoleLog(PathBuf),
+    #[error("console_fd {0} must be 1 (our stdout) or an inherited descriptor of 3 or more")]
+    BadConsoleFd(i32),
+    #[error("give console_log or console_fd, not both")]
+    TwoConsoles,
     #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
     NofileLimit,
 }
@@ -250,6 +261,14 @@ impl VmSpec {
         }
         if self.nofile_limit == Some(0) {
             return Err(SpecError::NofileLimit);
+        }
+        if let Some(fd) = self.console_fd {
+            if fd != 1 && fd < 3 {
+                return Err(SpecError::BadConsoleFd(fd));
+            }
+            if self.console_log.is_some() {
+                return Err(SpecError::TwoConsoles);
+            }
         }
         if let Some(log) = &self.console_log {
             host_absolute("console_log", log)?;

@@ -223,6 +223,31 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
         "the image cache was written: {in_cache:?}"
     );
 
+    // A guest flooding its console (6 MiB) cannot fill the host's disk: the console log is
+    // rotated at 2 MiB and keeps the newest output; the sandbox keeps serving.
+    let flood = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["python3", "-c",
+            "f = open('/dev/console', 'wb', buffering=0)\nfor _ in range(96): f.write(b'x' * 65535 + b'\\n')\nprint('flooded')"],
+            "timeout_ms": 240_000}),
+    )
+    .await;
+    assert_eq!(stdout(&flood), "flooded\n", "{flood}");
+    let layer = stack.state_dir.path().join("sandboxes").join(&id);
+    let size = |name: &str| std::fs::metadata(layer.join(name)).map(|m| m.len()).ok();
+    let bound = (2 << 20) + (64 << 10);
+    let rotated = eventually(Duration::from_secs(30), || async {
+        size("console.log.1").is_some()
+    })
+    .await;
+    let (current, older) = (size("console.log"), size("console.log.1"));
+    println!("console after a 6 MiB flood: console.log {current:?} bytes, console.log.1 {older:?}");
+    assert!(rotated, "the console log was never rotated: {current:?}");
+    assert!(current.unwrap_or(0) <= bound && older.unwrap_or(0) <= bound);
+    let after = exec_ok(&stack, &id, json!({"argv": ["echo", "still"]})).await;
+    assert_eq!(stdout(&after), "still\n");
+
     // Network egress is refused (S300, no VM booted): libkrun's TSI would reach the host's
     // loopback, and no egress policy judges it yet.
     let refused = stack
