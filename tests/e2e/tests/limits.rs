@@ -170,10 +170,38 @@ async fn exec_cap_image_caps_unknown_and_stopped_sandboxes() {
     let node = create(&stack, "node", json!({"cpus": 3, "memory_mb": 2048})).await;
     stop(&stack, &node, true).await;
 
-    // Five execs at once with the default cap of four: four results and one S003.
-    let mut slow = sh("sleep 3; echo done");
-    slow["timeout_ms"] = json!(60_000);
-    let results = futures::future::join_all((0..5).map(|_| exec(&stack, &id, slow.clone()))).await;
+    // Five execs at once with the default cap of four: four results and one S003. The four
+    // hold their slots until the test lets them go (a file written with fs::write, which
+    // takes no exec slot), so a fifth call that reaches the adapter late on a loaded machine
+    // still finds the cap full.
+    let mut held = sh("while [ ! -e /tmp/release ]; do sleep 0.05; done; echo done");
+    held["timeout_ms"] = json!(120_000);
+    let release = async {
+        let four_running =
+            sandbox_support::eventually(std::time::Duration::from_secs(60), || async {
+                let list = stack.call("list", json!({})).await.expect("list");
+                list["sandboxes"].as_array().is_some_and(|all| {
+                    all.iter()
+                        .any(|s| s["sandbox_id"] == id.as_str() && s["exec_in_flight"] == 4)
+                })
+            })
+            .await;
+        // Released in any case, so that a failure below is an assertion, not a hang.
+        let released = stack
+            .call(
+                "fs::write",
+                json!({"sandbox_id": id, "path": "/tmp/release", "content_b64": ""}),
+            )
+            .await;
+        (four_running, released)
+    };
+    let (results, (four_running, released)) = tokio::join!(
+        futures::future::join_all((0..5).map(|_| exec(&stack, &id, held.clone()))),
+        release
+    );
+    assert!(four_running, "four execs never held the four slots");
+    let released = released.expect("fs::write while the exec slots are full");
+    assert_eq!(released["bytes_written"], 0, "{released}");
     let done = results
         .iter()
         .filter(|r| r.as_ref().is_ok_and(|v| v["stdout"] == "done\n"))
