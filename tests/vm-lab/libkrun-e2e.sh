@@ -6,6 +6,8 @@
 #   tests/vm-lab/libkrun-e2e.sh              the end-to-end test (fails if no microVM boots)
 #   tests/vm-lab/libkrun-e2e.sh --measure [N] create->first exec and run(print(6*7)) on
 #                                             libkrun against bwrap in the same lab run
+#   LAB_TESTS="microvm_sandboxes" LAB_AS_USER=0 LAB_INSTALL=0 tests/vm-lab/libkrun-e2e.sh
+#                                             only those tests, no ordinary-user or install run
 #
 # Builds what it needs (honours CARGO_TARGET_DIR); the static agent comes from
 # SANDBOX_AGENT_PATH, else agent/build-static.sh builds it. Binaries and the prebuilt fixture
@@ -46,7 +48,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
 cp "$test_bin" "$install_bin" "$scratch/debug/deps/"
-if [ "$mode" = test ]; then
+if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   log "release archive for the install test (scripts/release.sh)"
   bash scripts/release.sh "$scratch/release" >&2
 fi
@@ -63,7 +65,8 @@ done
 if [ "$mode" = measure ]; then
   test_args="measure_libkrun_against_bwrap --ignored --exact --nocapture --test-threads=1"
 else
-  test_args="--test-threads=2"
+  # LAB_TESTS: only the tests whose names hold one of these words (a quicker look at one).
+  test_args="--test-threads=2 ${LAB_TESTS:-}"
 fi
 cat > "$scratch/inner.sh" <<INNER
 set -eu
@@ -95,7 +98,9 @@ elif [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
 elif [ "$mode" = test ]; then
   echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
 fi
-if [ "$mode" = test ]; then
+if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" != 1 ]; then
+  echo "[lab] the install test on libkrun DID NOT RUN: LAB_INSTALL is not 1"
+elif [ "$mode" = test ]; then
   echo "[lab] installed as Compose installs it, on libkrun by name"
   SANDBOX_RELEASE_DIR=/tmp/vm-lab/release /tmp/vm-lab/debug/deps/$(basename "$install_bin") \
     installed_like_compose_it_boots_print_42_in_a_microvm --exact --nocapture
