@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
+use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
     create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh, stdout, stop,
     timeout_kills_the_grandchild,
@@ -332,6 +333,87 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     stack.adapter.kill9();
     let died = eventually(Duration::from_secs(10), || async { !runner_alive() }).await;
     assert!(died, "VM runner {runner} outlived a kill -9 of the adapter");
+}
+
+/// Issue 13's additions on microVMs: a create served by the warm pool boots nothing on the
+/// caller's path, and a streamed exec delivers its output while the program runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_warm_pool_and_streamed_exec_serve_microvms() {
+    let test = "the_warm_pool_and_streamed_exec_serve_microvms";
+    let stack = libkrun_stack(json!({"warm_pool": {"python": 1}})).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let info = || async {
+        stack
+            .call("adapter::info", json!({}))
+            .await
+            .expect("adapter::info")
+    };
+    let filled = eventually(Duration::from_secs(300), || async {
+        let pool = info().await["warm_pool"]["images"]["python"].clone();
+        pool["ready"] == 1 && pool["booting"] == 0
+    })
+    .await;
+    assert!(
+        filled,
+        "the pool did not fill: {}\n{}",
+        info().await,
+        stack.adapter.log()
+    );
+    let booted_before = info().await["boots"]["on_create"].clone();
+    let id = create(&stack, "python", json!({})).await;
+    let after = info().await;
+    assert_eq!(
+        after["boots"]["on_create"], booted_before,
+        "the pooled microVM was handed out, nothing booted: {after}"
+    );
+
+    let (write_end, read_end) = channel(&stack).await;
+    let mut lines = LineReader::new(&stack, &read_end);
+    // The reader notes each line as it comes; the reply is noted after the call returns.
+    let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let reader_events = events.clone();
+    let reading = tokio::spawn(async move {
+        while let Some(line) = lines.next().await {
+            reader_events.send(Some(line)).expect("events");
+        }
+    });
+    let streamed_exec = json!({
+        "argv": ["/bin/sh", "-c", "i=0; while [ $i -lt 10 ]; do echo line$i; i=$((i+1)); sleep 0.2; done"],
+        "stream": write_end,
+        "timeout_ms": 120_000,
+    });
+    let reply = exec(&stack, &id, streamed_exec)
+        .await
+        .unwrap_or_else(|e| panic!("streamed exec: {e:?}\n{}", stack.adapter.log()));
+    events.send(None).expect("events");
+    assert_eq!(reply["exit_code"], 0, "{reply}");
+    reading.await.expect("the stream reads to its end");
+    drop(events);
+    let (mut streamed, mut order) = (Vec::new(), Vec::new());
+    while let Some(event) = seen.recv().await {
+        order.push(match event {
+            Some(Line::Out(data)) => {
+                streamed.extend(data);
+                "chunk"
+            }
+            Some(Line::Err(data)) => panic!("stderr {data:?}"),
+            Some(Line::Exit(exit)) => {
+                assert_eq!(exit["exit_code"], 0, "{exit}");
+                "exit"
+            }
+            None => "reply",
+        });
+    }
+    let at = |what| order.iter().position(|e| *e == what);
+    assert!(
+        at("chunk") < at("exit") && at("exit") < at("reply") && at("chunk").is_some(),
+        "first chunk, exit line, reply: {order:?}"
+    );
+    let expected: String = (0..10).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&streamed), expected);
+    stop(&stack, &id, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

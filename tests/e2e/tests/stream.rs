@@ -9,92 +9,14 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use base64::Engine as _;
 use e2e_tests::{bwrap_usable, Stack};
-use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
+use iii_sdk::channel::{ChannelReader, ChannelWriter};
+use sandbox_support::streams::{channel, channel_ref, Line, LineReader};
 use sandbox_support::{create, exec, exec_ok, expect_err, sh, status_kib, stdout};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 const MIB: usize = 1024 * 1024;
-
-/// A fresh engine channel: `(write end ref, read end ref)`.
-async fn channel(stack: &Stack) -> (Value, Value) {
-    let created = stack
-        .client
-        .invoke(
-            "engine::channels::create",
-            json!({}),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("engine::channels::create");
-    (created["writer"].clone(), created["reader"].clone())
-}
-
-fn channel_ref(value: &Value) -> StreamChannelRef {
-    serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{value}: {e}"))
-}
-
-/// One line of the stream, decoded.
-#[derive(Debug)]
-enum Line {
-    Out(Vec<u8>),
-    Err(Vec<u8>),
-    Exit(Value),
-}
-
-/// Reads the stream's NDJSON (lines may span channel frames), one [`Line`] at a time.
-struct LineReader {
-    reader: ChannelReader,
-    pending: Vec<u8>,
-}
-
-impl LineReader {
-    fn new(stack: &Stack, read_end: &Value) -> LineReader {
-        LineReader {
-            reader: ChannelReader::new(&stack.engine.url(), &channel_ref(read_end)),
-            pending: Vec::new(),
-        }
-    }
-
-    /// The next line, or `None` at the end of the stream.
-    async fn next(&mut self) -> Option<Line> {
-        loop {
-            if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.pending.drain(..=at).collect();
-                return Some(decode(&line[..line.len() - 1]));
-            }
-            let frame = tokio::time::timeout(Duration::from_secs(60), self.reader.next_binary())
-                .await
-                .expect("the stream goes on or ends within 60 s")
-                .expect("the stream reads");
-            match frame {
-                Some(data) => self.pending.extend(data),
-                None => {
-                    assert!(self.pending.is_empty(), "a torn last line");
-                    return None;
-                }
-            }
-        }
-    }
-}
-
-fn decode(line: &[u8]) -> Line {
-    let value: Value = serde_json::from_slice(line)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(line)));
-    if let Some(exit) = value.get("exit") {
-        return Line::Exit(exit.clone());
-    }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(value["data_b64"].as_str().expect("data_b64"))
-        .expect("base64");
-    match value["stream"].as_str() {
-        Some("stdout") => Line::Out(data),
-        Some("stderr") => Line::Err(data),
-        other => panic!("unknown stream {other:?} in {value}"),
-    }
-}
 
 fn sha256(data: &[u8]) -> String {
     let mut child = Command::new("sha256sum")

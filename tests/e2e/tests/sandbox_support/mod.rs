@@ -9,6 +9,8 @@ use std::time::Duration;
 use e2e_tests::{error_body, s_code, RemoteError, Stack};
 use serde_json::{json, Value};
 
+pub mod streams;
+
 /// Creates a sandbox of `image` with the extra create fields of `extra`; panics with the
 /// adapter's log when it fails (creating is not what these tests are about).
 pub async fn create(stack: &Stack, image: &str, extra: Value) -> String {
