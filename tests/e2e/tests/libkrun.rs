@@ -183,8 +183,11 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     let missing = exec_ok(&stack, &id, json!({"argv": ["/no/such/program"]})).await;
     assert_eq!(missing["exit_code"], 127, "{missing}");
 
-    // A timeout kills the whole process group: the grandchild dies with the shell.
-    timeout_kills_the_grandchild(&stack, &id, 3000, Duration::from_secs(10)).await;
+    // A timeout kills the whole process group: the grandchild dies with the shell. The
+    // timeout leaves the emulated lab time to start the grandchild at all: 3 s were not
+    // enough while another test booted a VM beside this one (a clean-clone CI run saw the
+    // shell time out before its background child had written its pid).
+    timeout_kills_the_grandchild(&stack, &id, 20_000, Duration::from_secs(20)).await;
     let zombies = exec_ok(
         &stack,
         &id,
