@@ -66,7 +66,7 @@ if [ "$mode" = measure ]; then
   test_args="measure_libkrun_against_bwrap --ignored --exact --nocapture --test-threads=1"
 else
   # LAB_TESTS: only the tests whose names hold one of these words (a quicker look at one).
-  test_args="--test-threads=2 ${LAB_TESTS:-}"
+  test_args="--test-threads=2 --show-output ${LAB_TESTS:-}"
 fi
 cat > "$scratch/inner.sh" <<INNER
 set -eu

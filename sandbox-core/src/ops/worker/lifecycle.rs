@@ -253,13 +253,24 @@ async fn finish<B: Backend>(
     if !run.stop_requested.load(Ordering::SeqCst) {
         let (state, exit_code, error) = match outcome {
             Ok(exit) => (WorkerState::Exited, Some(exit.exit_code), None),
+            // The VM's own logs say why (its runner's exit, the guest console's last words),
+            // read once the runner is gone.
             Err(e) => (
                 WorkerState::Failed,
                 None,
-                Some(format!("the worker VM ended under its program: {e}")),
+                Some(format!(
+                    "the worker VM ended under its program: {e}{}",
+                    plugin.backend.boot_logs(&run.layer)
+                )),
             ),
         };
-        tracing::info!(vm_id, ?state, ?exit_code, "worker VM's program ended");
+        tracing::info!(
+            vm_id,
+            ?state,
+            ?exit_code,
+            error = error.as_deref().unwrap_or(""),
+            "worker VM's program ended"
+        );
         plugin.workers.update(vm_id, |record| {
             record.state = state;
             record.exit_code = exit_code;
