@@ -65,9 +65,9 @@ pub fn build(
             "direction": "host-listens",
         }],
         "workload": agent_in_guest(),
-        // Not `--confine` yet: under it, a program's background child never ran in the VM lab
-        // (not understood yet); the VM is the boundary.
-        "argv": ["--vsock-port", AGENT_VSOCK_PORT.to_string()],
+        // Confined like on bwrap: the guest's own kernel knobs read-only, Docker's
+        // capabilities, seccomp (the VM is the boundary; this is depth).
+        "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
         // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
         "console_fd": CONSOLE_FD,
         // Never TSI (see `bus.rs`): a sandbox asking for network is refused before this, and
@@ -84,6 +84,7 @@ pub fn build(
                 "direction": "host-listens",
             }));
         value["argv"] = json!([
+            "--confine",
             "--bus-forward",
             format!("{port}:{BUS_VSOCK_PORT}"),
             "--vsock-port",
@@ -199,7 +200,7 @@ mod tests {
         assert_eq!(overlay.lower, spec.image_root);
         assert_eq!(overlay.upper, layout.upper);
         assert_eq!(vm.workload, "/.iii-agent/sandbox-agent");
-        assert_eq!(vm.argv, ["--vsock-port", "1024"]);
+        assert_eq!(vm.argv, ["--confine", "--vsock-port", "1024"]);
         assert_eq!(vm.vsock.len(), 1);
         assert_eq!(vm.vsock[0].socket, layout.socket);
         assert!(vm.shares[0].read_only);
@@ -230,7 +231,7 @@ mod tests {
         spec.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
         let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
         assert_eq!(vm.vsock.len(), 1, "a sandbox gets no bus: {value}");
-        assert_eq!(value["argv"], json!(["--vsock-port", "1024"]));
+        assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
 
         spec.persistent_layer = true;
         let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
@@ -241,7 +242,13 @@ mod tests {
         assert_eq!(value["vsock"][1]["direction"], "host-listens");
         assert_eq!(
             value["argv"],
-            json!(["--bus-forward", "49134:1025", "--vsock-port", "1024"])
+            json!([
+                "--confine",
+                "--bus-forward",
+                "49134:1025",
+                "--vsock-port",
+                "1024"
+            ])
         );
 
         spec.egress.bus = Some("192.0.2.7:49134".parse().unwrap());

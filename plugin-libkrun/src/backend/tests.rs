@@ -89,7 +89,7 @@ time.sleep(600)
     );
     let backend = LibkrunBackend::with_runner(runner);
     let mut booted = backend.boot_vm(&spec).await.unwrap();
-    let expected = b"[\"--vsock-port\", \"1024\"]\n";
+    let expected = b"[\"--confine\", \"--vsock-port\", \"1024\"]\n";
     let mut line = vec![0u8; expected.len()];
     booted.reader.read_exact(&mut line).await.unwrap();
     assert_eq!(line, expected, "{}", String::from_utf8_lossy(&line));

@@ -18,8 +18,8 @@ use base64::Engine as _;
 use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
 use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
-    create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh, stdout, stop,
-    timeout_kills_the_grandchild,
+    assert_all_blocked, create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh,
+    stdout, stop, timeout_kills_the_grandchild,
 };
 use serde_json::{json, Value};
 use worker_support::{wait_log, worker_ok, worker_vm_rounds};
@@ -631,6 +631,77 @@ async fn the_vm_tuning_reaches_a_worker_vm_guest_and_no_sandbox() {
         "no nested virtualisation in a sandbox: {out}"
     );
     stop(&stack, &id, true).await;
+}
+
+/// The escape suite's attacks (`escape_attacks.py`, as on bwrap in `escape.rs`) from a
+/// microVM sandbox and from a worker VM: every one blocked (the agent runs `--confine` in the
+/// guest too), the host's canary and its `core_pattern` unchanged, and nothing new in the
+/// worker's host directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn microvms_cannot_escape_to_the_host() {
+    let test = "microvms_cannot_escape_to_the_host";
+    const ATTACKS: &str = include_str!("escape_attacks.py");
+    let (_project, compose) = compose_project();
+    let canary = compose.join("main.txt");
+    std::fs::write(&canary, "canary: untouched\n").unwrap();
+    let canary_mtime = std::fs::metadata(&canary).unwrap().modified().unwrap();
+    let core_pattern = std::fs::read("/proc/sys/kernel/core_pattern").unwrap();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let options = libkrun_worker_options(&compose, &[]);
+    let stack = Stack::start(json!({}), options).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let argv = json!([
+        "python3",
+        "-c",
+        ATTACKS,
+        canary,
+        stack.adapter.pid().to_string(),
+        boot_id.trim()
+    ]);
+    let id = create(&stack, "python", json!({})).await;
+    let answer = exec_ok(&stack, &id, json!({"argv": argv, "timeout_ms": 120000})).await;
+    let output = stdout(&answer).to_string();
+    println!("{output}");
+    assert_all_blocked(&output, &format!("{answer}"));
+    let ok = exec_ok(&stack, &id, sh("echo ok")).await;
+    assert_eq!(stdout(&ok), "ok\n", "the sandbox still serves");
+    stop(&stack, &id, true).await;
+
+    worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "escape", "image": "python", "host_path": compose}),
+    )
+    .await;
+    worker_ok(&stack, "start", json!({"vm_id": "escape", "command": argv})).await;
+    let log = wait_log(&stack, "escape", "done ", 1, Duration::from_secs(180)).await;
+    println!("{log}");
+    assert_all_blocked(&log, &stack.adapter.log());
+    worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
+
+    assert_eq!(
+        std::fs::read_to_string(&canary).unwrap(),
+        "canary: untouched\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&canary).unwrap().modified().unwrap(),
+        canary_mtime
+    );
+    assert_eq!(
+        std::fs::read("/proc/sys/kernel/core_pattern").unwrap(),
+        core_pattern
+    );
+    let entries: Vec<_> = std::fs::read_dir(&compose)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        entries,
+        ["main.txt"],
+        "nothing new in the host's project dir"
+    );
 }
 
 /// Timings in ms of one measured step.
