@@ -7,54 +7,15 @@
 mod sandbox_support;
 mod worker_support;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::path::Path;
+use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{assert_all_blocked, create, exec_ok, stdout};
+use sandbox_support::{assert_all_blocked, assert_only_entries, create, exec_ok, stdout, Canary};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
 
 const ATTACKS: &str = include_str!("escape_attacks.py");
-
-/// A host file an attack would change, with what it held.
-struct Canary {
-    path: PathBuf,
-    content: Vec<u8>,
-    modified: SystemTime,
-}
-
-impl Canary {
-    fn plant(dir: &Path, name: &str) -> Canary {
-        let path = dir.join(name);
-        std::fs::write(&path, format!("canary {name}: untouched\n")).unwrap();
-        Canary::of(&path)
-    }
-
-    fn of(path: &Path) -> Canary {
-        Canary {
-            path: path.to_path_buf(),
-            content: std::fs::read(path).unwrap(),
-            modified: std::fs::metadata(path).unwrap().modified().unwrap(),
-        }
-    }
-
-    fn assert_untouched(&self) {
-        let now = Canary::of(&self.path);
-        assert_eq!(
-            String::from_utf8_lossy(&now.content),
-            String::from_utf8_lossy(&self.content),
-            "{} changed",
-            self.path.display()
-        );
-        assert_eq!(
-            now.modified,
-            self.modified,
-            "{} was written",
-            self.path.display()
-        );
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_cannot_escape_to_the_host() {
@@ -119,13 +80,5 @@ async fn a_worker_vm_cannot_write_its_read_only_mounts_or_escape() {
         "the /worker write was tried: {log}"
     );
     canary.assert_untouched();
-    let entries: Vec<_> = std::fs::read_dir(project.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        entries,
-        ["main.txt"],
-        "nothing new in the host's project dir"
-    );
+    assert_only_entries(project.path(), &["main.txt"]);
 }

@@ -391,23 +391,14 @@ async fn read_channel(stack: &Stack, content: &Value) -> Vec<u8> {
 /// A channel whose read end goes to the adapter; `bytes` are written (in 64 KiB frames by the
 /// SDK) and the writer closed, concurrently with the call that consumes them.
 async fn channel_with(stack: &Stack, bytes: Vec<u8>) -> (Value, tokio::task::JoinHandle<()>) {
-    let created = stack
-        .client
-        .invoke(
-            "engine::channels::create",
-            json!({}),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("engine::channels::create");
-    let writer_ref: StreamChannelRef =
-        serde_json::from_value(created["writer"].clone()).expect("writer ref");
+    let (write_end, read_end) = sandbox_support::streams::channel(stack).await;
+    let writer_ref = sandbox_support::streams::channel_ref(&write_end);
     let writer = ChannelWriter::new(&stack.engine.url(), &writer_ref);
     let feeding = tokio::spawn(async move {
         writer.write(&bytes).await.expect("channel write");
         writer.close().await.expect("channel close");
     });
-    (created["reader"].clone(), feeding)
+    (read_end, feeding)
 }
 
 /// Large and binary content both ways through engine channels: 3 MiB of every byte value

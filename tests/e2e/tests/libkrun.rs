@@ -18,8 +18,8 @@ use base64::Engine as _;
 use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
 use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
-    assert_all_blocked, create, descendants, eventually, exec, exec_ok, expect_err, live_ids, sh,
-    stdout, stop, timeout_kills_the_grandchild,
+    assert_all_blocked, assert_only_entries, create, descendants, eventually, exec, exec_ok,
+    expect_err, live_ids, sh, stdout, stop, timeout_kills_the_grandchild, Canary,
 };
 use serde_json::{json, Value};
 use worker_support::{wait_log, worker_ok, worker_vm_rounds};
@@ -642,10 +642,8 @@ async fn microvms_cannot_escape_to_the_host() {
     let test = "microvms_cannot_escape_to_the_host";
     const ATTACKS: &str = include_str!("escape_attacks.py");
     let (_project, compose) = compose_project();
-    let canary = compose.join("main.txt");
-    std::fs::write(&canary, "canary: untouched\n").unwrap();
-    let canary_mtime = std::fs::metadata(&canary).unwrap().modified().unwrap();
-    let core_pattern = std::fs::read("/proc/sys/kernel/core_pattern").unwrap();
+    let canary = Canary::plant(&compose, "main.txt");
+    let core_pattern = Canary::of(Path::new("/proc/sys/kernel/core_pattern"));
     let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let options = libkrun_worker_options(&compose, &[]);
     let stack = Stack::start(json!({}), options).await;
@@ -656,7 +654,7 @@ async fn microvms_cannot_escape_to_the_host() {
         "python3",
         "-c",
         ATTACKS,
-        canary,
+        canary.path,
         stack.adapter.pid().to_string(),
         boot_id.trim()
     ]);
@@ -681,27 +679,9 @@ async fn microvms_cannot_escape_to_the_host() {
     assert_all_blocked(&log, &stack.adapter.log());
     worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
 
-    assert_eq!(
-        std::fs::read_to_string(&canary).unwrap(),
-        "canary: untouched\n"
-    );
-    assert_eq!(
-        std::fs::metadata(&canary).unwrap().modified().unwrap(),
-        canary_mtime
-    );
-    assert_eq!(
-        std::fs::read("/proc/sys/kernel/core_pattern").unwrap(),
-        core_pattern
-    );
-    let entries: Vec<_> = std::fs::read_dir(&compose)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        entries,
-        ["main.txt"],
-        "nothing new in the host's project dir"
-    );
+    canary.assert_untouched();
+    core_pattern.assert_untouched();
+    assert_only_entries(&compose, &["main.txt"]);
 }
 
 /// Timings in ms of one measured step.

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use e2e_tests::{error_body, s_code, RemoteError, Stack};
 use serde_json::{json, Value};
@@ -309,4 +310,53 @@ pub fn assert_all_blocked(output: &str, context: &str) {
     // The fixed attacks (uid map, core_pattern, 8 knobs, 3 mounts, the status checks...),
     // whatever the number of read-only mounts.
     assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
+}
+
+/// A host file an attack would change, with what it held.
+pub struct Canary {
+    pub path: PathBuf,
+    pub content: Vec<u8>,
+    modified: SystemTime,
+}
+
+impl Canary {
+    pub fn plant(dir: &Path, name: &str) -> Canary {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("canary {name}: untouched\n")).unwrap();
+        Canary::of(&path)
+    }
+
+    pub fn of(path: &Path) -> Canary {
+        Canary {
+            path: path.to_path_buf(),
+            content: std::fs::read(path).unwrap(),
+            modified: std::fs::metadata(path).unwrap().modified().unwrap(),
+        }
+    }
+
+    pub fn assert_untouched(&self) {
+        let now = Canary::of(&self.path);
+        assert_eq!(
+            String::from_utf8_lossy(&now.content),
+            String::from_utf8_lossy(&self.content),
+            "{} changed",
+            self.path.display()
+        );
+        assert_eq!(
+            now.modified,
+            self.modified,
+            "{} was written",
+            self.path.display()
+        );
+    }
+}
+
+/// `dir` holds exactly `names` (an attack left nothing new in a host directory).
+pub fn assert_only_entries(dir: &Path, names: &[&str]) {
+    let mut entries: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, names, "nothing new in {}", dir.display());
 }
