@@ -18,8 +18,13 @@ use worker_support::{compose_options, wait_log, worker_ok};
 
 const DISK_MB: u64 = 64;
 /// What the host's filesystem may lose while a sandbox fills its layer (logs, the layer's
-/// directories, other tests writing at the same time).
+/// directories).
 const SLACK_MB: u64 = 48;
+
+/// Held by each test that writes tens of MiB to the host's filesystem, so that the one
+/// measuring the host's free space does not count the other's writes (a clean-clone CI run
+/// saw the worker test's 52 MiB charged to the sandbox's /tmp).
+static HOST_DISK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Bytes free on the filesystem holding `path`, as an ordinary process sees them.
 fn free_bytes(path: &Path) -> u64 {
@@ -69,6 +74,7 @@ async fn a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothin
     if !bwrap_usable(test) {
         return;
     }
+    let _alone = HOST_DISK.lock().await;
     let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), Default::default()).await;
     let info = stack.call("adapter::info", json!({})).await.expect("info");
     let isolation = &info["backend"]["isolation"];
@@ -174,6 +180,7 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
     if !bwrap_usable(test) {
         return;
     }
+    let _alone = HOST_DISK.lock().await;
     let project = e2e_tests::host_dir();
     let options = compose_options(project.path());
     let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
