@@ -104,6 +104,19 @@ pub async fn run_in<B: Backend>(
         Ok(outcome) => outcome,
         Err(e) => return Err(agent_failure(sandbox, e).await),
     };
+    // A stop marks the sandbox stopped before its agent ends the programs: one that died by
+    // a signal meanwhile was ended by that stop, and its caller gets S004, not the kill's
+    // status (the agent's result can beat the link's end to the host).
+    if outcome.exit_code >= 128 && sandbox.is_stopped() {
+        let cause = sandbox
+            .end_cause(Duration::ZERO)
+            .await
+            .unwrap_or_else(|| "stopped".into());
+        return Err(SandboxError::Stopped(format!(
+            "{} ({cause}) during the exec",
+            sandbox.id
+        )));
+    }
     let result = result_json(&outcome);
     if outcome.timed_out {
         return Err(SandboxError::ExecTimedOut {
