@@ -112,7 +112,7 @@ impl LibkrunBackend {
             accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
             status = child.wait() => {
                 // What the runner and the guest wrote last explains the exit: read it all.
-                let drained = both_drained(console_drained, log_drained);
+                let drained = async { tokio::join!(console_drained, log_drained) };
                 let _ = tokio::time::timeout(LOG_DRAIN_TIMEOUT, drained).await;
                 let no_guest_status = stopped_without_guest_status(&layout.runner_log);
                 let status = status
@@ -197,11 +197,6 @@ impl SandboxProcess for VmProcess {
     async fn kill(&self) {
         self.runner.kill().await;
     }
-}
-
-/// Both log copies to their ends.
-async fn both_drained(a: tokio::task::JoinHandle<()>, b: tokio::task::JoinHandle<()>) {
-    let _ = tokio::join!(a, b);
 }
 
 impl Default for LibkrunBackend {
