@@ -104,18 +104,8 @@ pub async fn run_in<B: Backend>(
         Ok(outcome) => outcome,
         Err(e) => return Err(agent_failure(sandbox, e).await),
     };
-    // A stop marks the sandbox stopped before its agent ends the programs: one that died by
-    // a signal meanwhile was ended by that stop, and its caller gets S004, not the kill's
-    // status (the agent's result can beat the link's end to the host).
-    if outcome.exit_code >= 128 && sandbox.is_stopped() {
-        let cause = sandbox
-            .end_cause(Duration::ZERO)
-            .await
-            .unwrap_or_else(|| "stopped".into());
-        return Err(SandboxError::Stopped(format!(
-            "{} ({cause}) during the exec",
-            sandbox.id
-        )));
+    if let Some(stopped) = ended_by_stop(sandbox, outcome.exit_code).await {
+        return Err(stopped);
     }
     let result = result_json(&outcome);
     if outcome.timed_out {
@@ -165,6 +155,24 @@ pub(crate) fn result_json(outcome: &ExecOutcome) -> Value {
     })
 }
 
+/// S004 for a program that a stop of its sandbox ended. A stop marks the sandbox stopped
+/// before its agent ends the programs: one that died by a signal after that mark was ended
+/// by the stop, and its caller gets S004, not the kill's status (the agent's result for it
+/// can reach the host before the link's end does). Both exec paths ask this.
+pub(crate) async fn ended_by_stop(sandbox: &Sandbox, exit_code: i32) -> Option<SandboxError> {
+    if exit_code < 128 || !sandbox.is_stopped() {
+        return None;
+    }
+    let cause = sandbox
+        .end_cause(Duration::ZERO)
+        .await
+        .unwrap_or_else(|| "stopped".into());
+    Some(SandboxError::Stopped(format!(
+        "{} ({cause}) during the exec",
+        sandbox.id
+    )))
+}
+
 /// How long a call whose agent link broke waits for the sandbox's verdict (why it ended).
 const END_CAUSE_WAIT: Duration = Duration::from_secs(3);
 
@@ -192,6 +200,73 @@ pub async fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::SandboxProcess;
+    use crate::registry::{NewSandbox, Registry};
+    use agent_proto::{AgentClient, Hello, Message};
+    use tokio::io::AsyncWriteExt;
+
+    struct NoProcess;
+
+    #[async_trait::async_trait]
+    impl SandboxProcess for NoProcess {
+        fn pid(&self) -> Option<u32> {
+            None
+        }
+        fn is_alive(&self) -> bool {
+            true
+        }
+        async fn kill(&self) {}
+    }
+
+    /// A registered sandbox whose agent said hello over an in-memory pipe (and nothing more).
+    async fn sandbox(registry: &Registry) -> Arc<Sandbox> {
+        let (host, agent) = tokio::io::duplex(64 * 1024);
+        let (_agent_reader, mut agent_writer) = tokio::io::split(agent);
+        let hello = Message::Hello(Hello::new("fake")).into_frame(0).unwrap();
+        agent_writer
+            .write_all(&hello.to_bytes().unwrap())
+            .await
+            .unwrap();
+        let (reader, writer) = tokio::io::split(host);
+        let agent = AgentClient::connect(reader, writer).await.unwrap();
+        registry.reserve().unwrap().insert(NewSandbox {
+            id: uuid::Uuid::new_v4(),
+            name: None,
+            image: "busybox".into(),
+            env: Vec::new(),
+            workdir: None,
+            idle_timeout: Duration::from_secs(60),
+            exec_cap: 1,
+            agent,
+            process: Box::new(NoProcess),
+            layer: std::path::PathBuf::new(),
+        })
+    }
+
+    /// The order a stop makes (the sandbox marked stopped, then its programs killed) decides:
+    /// a signal death seen after the mark is the stop's (S004 with its cause), one before it
+    /// or an exit of the program's own is the program's result.
+    #[tokio::test]
+    async fn a_signal_death_after_a_stop_is_s004_with_the_stops_cause() {
+        let registry = Registry::new(2);
+        let sandbox = sandbox(&registry).await;
+        assert!(
+            ended_by_stop(&sandbox, 137).await.is_none(),
+            "not stopped yet"
+        );
+        registry.take_dead(sandbox.id, "stopped by sandbox::stop");
+        let stopped = ended_by_stop(&sandbox, 137).await.expect("S004");
+        assert_eq!(stopped.code(), "S004");
+        let text = stopped.to_string();
+        assert!(text.contains("stopped by sandbox::stop"), "{text}");
+        assert!(text.contains(&sandbox.id.to_string()), "{text}");
+        for own_exit in [0, 1, 127] {
+            assert!(
+                ended_by_stop(&sandbox, own_exit).await.is_none(),
+                "{own_exit}"
+            );
+        }
+    }
 
     #[test]
     fn timeout_defaults_and_clamps() {

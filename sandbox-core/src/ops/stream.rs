@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{FsCode, SandboxError};
-use crate::ops::exec::{agent_failure, result_json, OUTPUT_CAP};
+use crate::ops::exec::{agent_failure, ended_by_stop, result_json, OUTPUT_CAP};
 use crate::registry::Sandbox;
 
 /// Output (agent to adapter) and stdin (adapter to agent) in flight per streamed exec, in
@@ -264,6 +264,9 @@ pub async fn run(
         Ok(exit) => exit,
         Err(e) => return Err(agent_failure(sandbox, e).await),
     };
+    if let Some(stopped) = ended_by_stop(sandbox, exit.exit_code).await {
+        return Err(stopped);
+    }
     let outcome = copies.outcome(&exit);
     let mut result = result_json(&outcome);
     if let (Some(writer), None) = (&writer, &broken) {
