@@ -370,3 +370,25 @@ fn runner_dies_with_its_parent() {
     }
     assert!(!alive(runner), "the runner outlived its parent");
 }
+
+/// What libkrun logged in the lab for a guest that triple-faulted before its workload ran,
+/// against a workload that exited 0 itself: only the first is booted once more.
+#[test]
+fn a_guest_reset_is_told_apart_from_a_workload_exit() {
+    let outcome = |stderr: &str| support::Outcome {
+        code: Some(0),
+        stdout: String::new(),
+        stderr: stderr.into(),
+        elapsed: Duration::from_secs(8),
+    };
+    let reset = outcome(
+        "[..Z INFO  krun_vmm::linux::vstate] Received KVM_EXIT_SHUTDOWN signal\n\
+         [..Z DEBUG krun_vmm] using vcpu exit code: 0\n\
+         [..Z INFO  krun_vmm] Vmm is stopping.\n",
+    );
+    assert!(reset.guest_reset());
+    let exited = outcome(
+        "[..Z DEBUG krun_vmm] using vmm exit code: 0\n[..Z INFO  krun_vmm] Vmm is stopping.\n",
+    );
+    assert!(!exited.guest_reset());
+}
