@@ -25,9 +25,6 @@ use crate::vm_spec;
 pub const RUNNER: &str = "sandbox-libkrun-vm";
 /// Environment variable naming the runner binary instead.
 pub const RUNNER_ENV: &str = "SANDBOX_LIBKRUN_VM";
-/// How long a booting microVM may take until its agent connects (under the VM lab's
-/// emulation a boot takes 4-10 s; the host may be loaded).
-const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a runner that exited may take to have its last output in the logs (its pipes
 /// end with it, unless something it started still holds them).
 const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,6 +33,8 @@ pub struct LibkrunBackend {
     runner: PathBuf,
     /// The `III_VM_*` tuning given to worker VMs (never to sandboxes).
     tuning: VmTuning,
+    /// How long a boot may take until its agent connects (see [`crate::agent_wait`]).
+    agent_wait: Duration,
 }
 
 impl LibkrunBackend {
@@ -49,6 +48,7 @@ impl LibkrunBackend {
         Self {
             runner,
             tuning: VmTuning::get(),
+            agent_wait: crate::agent_wait::from_env(),
         }
     }
 
@@ -109,7 +109,7 @@ impl LibkrunBackend {
             .spawn()
             .map_err(BootError::Spawn)?;
         let accepted = tokio::select! {
-            accepted = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, listener.accept()) => accepted,
+            accepted = tokio::time::timeout(self.agent_wait, listener.accept()) => accepted,
             status = child.wait() => {
                 // What the runner and the guest wrote last explains the exit: read it all.
                 let drained = async { tokio::join!(console_drained, log_drained) };
@@ -130,7 +130,7 @@ impl LibkrunBackend {
             Ok(Err(e)) => return Err(BootError::Accept(e)),
             Err(_) => {
                 return Err(BootError::NoAgent {
-                    secs: AGENT_CONNECT_TIMEOUT.as_secs(),
+                    secs: self.agent_wait.as_secs(),
                     logs: log_tails(&layout.runner_log, &layout.console_log),
                 })
             }

@@ -30,7 +30,7 @@ pub enum BootError {
         /// libkrun logged no status from the guest: the boot itself failed (worth one retry).
         no_guest_status: bool,
     },
-    #[error("the agent did not connect within {secs} s{logs}")]
+    #[error("the agent did not connect within {secs} s (SANDBOX_LIBKRUN_BOOT_TIMEOUT_SECS sets how long a boot may take){logs}")]
     NoAgent { secs: u64, logs: String },
     #[error("accepting the agent's connection failed: {0}")]
     Accept(std::io::Error),

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod agent_wait;
 pub mod backend;
 mod bounded_log;
 mod bus;
