@@ -67,6 +67,19 @@ pub struct RootOverlay {
     pub upper: PathBuf,
     /// overlayfs's scratch directory; same filesystem as `upper`, empty.
     pub work: PathBuf,
+    /// Bounds the writable layer: the runner first mounts a tmpfs of this many MiB on the
+    /// directory holding `upper` and `work` (in its own mount namespace) and makes both in
+    /// it. Past it the guest's writes fail with ENOSPC; the host pays at most this much
+    /// memory and nothing on disk, and the layer goes with the runner (an ephemeral root).
+    #[serde(default)]
+    pub size_mib: Option<u32>,
+}
+
+impl RootOverlay {
+    /// Where the tmpfs of `size_mib` is mounted: the directory holding `upper` and `work`.
+    pub fn disk_dir(&self) -> Option<&Path> {
+        self.upper.parent()
+    }
 }
 
 /// An extra mount the runner sets up inside the (merged) root before the guest starts; the
@@ -204,6 +217,25 @@ pub enum SpecError {
     TwoConsoles,
     #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
     NofileLimit,
+    #[error("root_overlay size_mib {0} must be at least 1")]
+    DiskSize(u32),
+    #[error("root_overlay with size_mib: upper and work must be two directories in one existing directory (the tmpfs's mount point)")]
+    DiskDirs,
+}
+
+/// A bounded layer: a size, and `upper` and `work` side by side in an existing directory.
+fn validate_disk(overlay: &RootOverlay, size: u32) -> Result<(), SpecError> {
+    if size == 0 {
+        return Err(SpecError::DiskSize(size));
+    }
+    let side_by_side = overlay.upper != overlay.work
+        && overlay.upper.file_name().is_some()
+        && overlay.work.file_name().is_some()
+        && overlay.disk_dir() == overlay.work.parent();
+    match overlay.disk_dir() {
+        Some(dir) if side_by_side && dir.is_dir() => Ok(()),
+        _ => Err(SpecError::DiskDirs),
+    }
 }
 
 impl VmSpec {
@@ -224,12 +256,20 @@ impl VmSpec {
         }
         existing_dir("root", &self.root)?;
         if let Some(overlay) = &self.root_overlay {
+            if let Some(size) = overlay.size_mib {
+                validate_disk(overlay, size)?;
+            }
             for (field, path) in [
                 ("lower", &overlay.lower),
                 ("upper", &overlay.upper),
                 ("work", &overlay.work),
             ] {
-                existing_dir("root_overlay", path)?;
+                // With a tmpfs of its own the runner makes `upper` and `work` in it.
+                if field == "lower" || overlay.size_mib.is_none() {
+                    existing_dir("root_overlay", path)?;
+                } else {
+                    host_absolute("root_overlay", path)?;
+                }
                 let bytes = path.as_os_str().as_encoded_bytes();
                 if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
                     return Err(SpecError::OverlayPath {
@@ -499,6 +539,40 @@ mod tests {
             {"port": 5, "socket": sock, "direction": "guest-listens"}
         ]);
         assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn a_bounded_overlay_names_its_size_and_two_new_dirs_in_an_existing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk");
+        std::fs::create_dir(&disk).unwrap();
+        let bounded = |upper: &Path, work: &Path, size: u32| {
+            let mut v = base(dir.path());
+            v["root_overlay"] =
+                json!({"lower": dir.path(), "upper": upper, "work": work, "size_mib": size});
+            check(v)
+        };
+        let (upper, work) = (disk.join("upper"), disk.join("work"));
+        let spec = bounded(&upper, &work, 64).expect("upper and work are made by the runner");
+        let overlay = spec.root_overlay.unwrap();
+        assert_eq!(
+            (overlay.size_mib, overlay.disk_dir()),
+            (Some(64), Some(&*disk))
+        );
+        assert!(matches!(
+            bounded(&upper, &work, 0),
+            Err(SpecError::DiskSize(0))
+        ));
+        let elsewhere = dir.path().join("work");
+        for (upper, work) in [(&upper, &elsewhere), (&upper, &upper)] {
+            assert!(matches!(bounded(upper, work, 64), Err(SpecError::DiskDirs)));
+        }
+        let (no_disk_upper, no_disk_work) = (dir.path().join("x/upper"), dir.path().join("x/work"));
+        assert!(matches!(
+            bounded(&no_disk_upper, &no_disk_work, 64),
+            Err(SpecError::DiskDirs)
+        ));
+        assert!(bounded(Path::new("rel/upper"), Path::new("rel/work"), 64).is_err());
     }
 
     #[test]

@@ -227,6 +227,58 @@ fn root_overlay_takes_the_writes_and_leaves_lower_and_host_untouched() {
     assert!(!mounts.contains(mount_point.to_str().unwrap()), "{mounts}");
 }
 
+/// Free bytes of the filesystem holding `path` (`stat -f`: available blocks, block size).
+fn free_bytes(path: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("stat")
+        .args(["-f", "-c", "%a %S"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut fields = text.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    fields.next().unwrap() * fields.next().unwrap()
+}
+
+#[test]
+fn a_bounded_root_fills_to_enospc_in_a_tmpfs_and_the_host_pays_nothing() {
+    let test = "a_bounded_root_fills_to_enospc_in_a_tmpfs_and_the_host_pays_nothing";
+    let Some((dir, lower)) = guest(test) else {
+        return;
+    };
+    std::fs::write(lower.join("etc/lower.txt"), "from the lower layer\n").unwrap();
+    let [disk, mount_point] = ["disk", "merged"].map(|d| dir.path().join(d));
+    for d in [&disk, &mount_point] {
+        std::fs::create_dir(d).unwrap();
+    }
+    // The overlay works on the tmpfs (a write, a whiteout), then a 64 MiB fill of a 16 MiB
+    // layer stops at ENOSPC, and once the fill is removed the guest writes again.
+    let script = "echo new > /etc/guest.txt && cat /etc/guest.txt; rm /etc/lower.txt; \
+        ls /etc/lower.txt 2>/dev/null || echo removed; \
+        dd if=/dev/zero of=/fill bs=1M count=64 2>&1 | grep -o 'No space left on device'; \
+        rm /fill && echo again > /again.txt && cat /again.txt";
+    let mut vm = spec(&mount_point, "/bin/sh", &["-c", script]);
+    vm["root_overlay"] = json!({
+        "lower": lower, "upper": disk.join("upper"), "work": disk.join("work"), "size_mib": 16,
+    });
+    let free_before = free_bytes(dir.path());
+    let out = run(dir.path(), &vm);
+    let free_after = free_bytes(dir.path());
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        out.lines(),
+        ["new", "removed", "No space left on device", "again"],
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&disk).unwrap().count(),
+        0,
+        "the layer lived in the runner's tmpfs only"
+    );
+    let paid = free_before.saturating_sub(free_after);
+    println!("host free before {free_before}, after {free_after}: paid {paid} bytes");
+    assert!(paid < 8 << 20, "the host's filesystem paid {paid} bytes");
+}
+
 #[test]
 fn vsock_round_trip_in_both_directions() {
     let Some((dir, root)) = guest("vsock_round_trip_in_both_directions") else {
