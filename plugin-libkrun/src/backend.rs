@@ -66,10 +66,8 @@ impl LibkrunBackend {
         if !self.runner.is_file() {
             return Err(BootError::NoRunner(self.runner.display().to_string()));
         }
-        let layout = Layout::new(&spec.layer_dir);
-        layout
-            .prepare(&spec.agent_path, spec.persistent_layer)
-            .map_err(BootError::Layer)?;
+        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
+        layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
         let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
@@ -157,11 +155,10 @@ impl LibkrunBackend {
     /// sandbox everything (its root must be fresh), for a worker VM only the runtime files
     /// (its layer persists; the guest never got to run the workload).
     fn clear_failed_boot(&self, spec: &BootSpec) -> std::io::Result<()> {
-        let layout = Layout::new(&spec.layer_dir);
+        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
         let mut dirs = vec![&layout.root, &layout.agent_dir];
-        if !spec.persistent_layer {
-            dirs.extend([&layout.upper, &layout.work]);
-        }
+        // A sandbox's upper and work went with its runner's tmpfs; its mount point stays.
+        dirs.extend(&layout.disk);
         for dir in dirs {
             match sandbox_core::remove_tree::remove_tree(dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -232,8 +229,20 @@ impl Backend for LibkrunBackend {
         Ok(())
     }
 
+    fn isolation(&self) -> serde_json::Value {
+        serde_json::json!({
+            "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
+            "network": "none for sandboxes; a worker VM's bus forward over vsock only (never TSI)",
+            "disk": {
+                "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
+                "worker_layers": "a directory of the worker's layer on the host: persistent, NOT bounded yet",
+            },
+        })
+    }
+
     fn boot_logs(&self, layer_dir: &Path) -> String {
-        let layout = Layout::new(layer_dir);
+        // The logs are where they are for both kinds of layer.
+        let layout = Layout::new(layer_dir, false);
         log_tails(&layout.runner_log, &layout.console_log)
     }
 

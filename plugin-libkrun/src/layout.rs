@@ -11,6 +11,11 @@ pub const AGENT_GUEST_DIR: &str = "/.iii-agent";
 pub const AGENT_FILE: &str = "sandbox-agent";
 
 pub struct Layout {
+    /// A sandbox's (ephemeral) layer: where the runner mounts the tmpfs of the sandbox's
+    /// `disk_mb` that holds `upper` and `work` (on the host it stays an empty directory).
+    /// `None` for a worker VM's persistent layer, whose `upper` and `work` are directories
+    /// of the layer that outlive each boot.
+    pub disk: Option<PathBuf>,
     pub upper: PathBuf,
     pub work: PathBuf,
     pub root: PathBuf,
@@ -24,10 +29,14 @@ pub struct Layout {
 }
 
 impl Layout {
-    pub fn new(layer_dir: &Path) -> Self {
+    /// The layout of `layer_dir`; `persistent` for a worker VM's layer (see [`Layout::disk`]).
+    pub fn new(layer_dir: &Path, persistent: bool) -> Self {
+        let disk = (!persistent).then(|| layer_dir.join("disk"));
+        let overlay_dir = disk.clone().unwrap_or_else(|| layer_dir.to_path_buf());
         Self {
-            upper: layer_dir.join("upper"),
-            work: layer_dir.join("work"),
+            upper: overlay_dir.join("upper"),
+            work: overlay_dir.join("work"),
+            disk,
             root: layer_dir.join("root"),
             agent_dir: layer_dir.join("agent"),
             socket: layer_dir.join("agent.sock"),
@@ -43,8 +52,14 @@ impl Layout {
     /// which holds the adapter's other files). A `persistent` layer (worker VM) reuses what
     /// its earlier boots left: the upper and work directories as they are, the agent and the
     /// socket replaced (the adapter may have been updated, or killed before removing them).
-    pub fn prepare(&self, agent: &Path, persistent: bool) -> io::Result<()> {
-        for dir in [&self.upper, &self.work, &self.root, &self.agent_dir] {
+    pub fn prepare(&self, agent: &Path) -> io::Result<()> {
+        let persistent = self.disk.is_none();
+        let dirs = match &self.disk {
+            // The runner makes `upper` and `work` in its tmpfs.
+            Some(disk) => vec![disk, &self.root, &self.agent_dir],
+            None => vec![&self.upper, &self.work, &self.root, &self.agent_dir],
+        };
+        for dir in dirs {
             if persistent {
                 std::fs::create_dir_all(dir)?;
             } else {
@@ -83,19 +98,21 @@ mod tests {
         std::fs::write(&agent, b"\x7fELF not really").unwrap();
         let layer = dir.path().join("layer");
         std::fs::create_dir(&layer).unwrap();
-        let layout = Layout::new(&layer);
-        layout.prepare(&agent, false).unwrap();
-        for d in [&layout.upper, &layout.work, &layout.root] {
+        let layout = Layout::new(&layer, false);
+        layout.prepare(&agent).unwrap();
+        let disk = layout.disk.clone().expect("a sandbox's layer has a disk");
+        for d in [&disk, &layout.root] {
             assert!(d.is_dir(), "{}", d.display());
         }
+        // Made by the runner, in the tmpfs it mounts on `disk`.
+        assert_eq!(layout.upper, disk.join("upper"));
+        assert_eq!(layout.work, disk.join("work"));
+        assert!(!layout.upper.exists() && !layout.work.exists());
         assert_eq!(
             std::fs::read(layout.agent_dir.join(AGENT_FILE)).unwrap(),
             b"\x7fELF not really"
         );
-        assert!(
-            layout.prepare(&agent, false).is_err(),
-            "a layer is prepared once"
-        );
+        assert!(layout.prepare(&agent).is_err(), "a layer is prepared once");
     }
 
     #[test]
@@ -104,13 +121,14 @@ mod tests {
         let agent = dir.path().join("the-agent");
         std::fs::write(&agent, b"old agent").unwrap();
         let layer = dir.path().join("layer");
-        let layout = Layout::new(&layer);
-        layout.prepare(&agent, true).unwrap();
+        let layout = Layout::new(&layer, true);
+        assert!(layout.disk.is_none());
+        layout.prepare(&agent).unwrap();
         std::fs::create_dir(layout.upper.join("opt")).unwrap();
         std::fs::write(&layout.socket, b"").unwrap();
         std::fs::remove_file(&agent).unwrap();
         std::fs::write(&agent, b"new agent").unwrap();
-        layout.prepare(&agent, true).unwrap();
+        layout.prepare(&agent).unwrap();
         assert!(layout.upper.join("opt").is_dir(), "the upper layer is kept");
         assert!(!layout.socket.exists(), "a stale socket is removed");
         assert_eq!(

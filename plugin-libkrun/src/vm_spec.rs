@@ -51,7 +51,14 @@ pub fn build(
         "vcpus": vcpus,
         "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
         "root": layout.root,
-        "root_overlay": {"lower": spec.image_root, "upper": layout.upper, "work": layout.work},
+        // A sandbox's writes go to a tmpfs of its disk_mb (ENOSPC past it, nothing on the
+        // host's disk); a worker VM's persistent layer is a directory of its layer, unbounded.
+        "root_overlay": {
+            "lower": spec.image_root,
+            "upper": layout.upper,
+            "work": layout.work,
+            "size_mib": layout.disk.as_ref().map(|_| spec.disk_mb),
+        },
         "shares": [{
             "tag": "iii-agent",
             "host_path": layout.agent_dir,
@@ -174,8 +181,8 @@ mod tests {
             egress: Default::default(),
             ..test_boot_spec(dir)
         };
-        let layout = Layout::new(&spec.layer_dir);
-        layout.prepare(&spec.agent_path, false).unwrap();
+        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
+        layout.prepare(&spec.agent_path).unwrap();
         (spec, layout)
     }
 
@@ -199,6 +206,9 @@ mod tests {
         let overlay = vm.root_overlay.unwrap();
         assert_eq!(overlay.lower, spec.image_root);
         assert_eq!(overlay.upper, layout.upper);
+        // A sandbox's writes are bounded by a tmpfs of its disk_mb.
+        assert_eq!(overlay.size_mib, Some(spec.disk_mb));
+        assert_eq!(overlay.disk_dir(), layout.disk.as_deref());
         assert_eq!(vm.workload, "/.iii-agent/sandbox-agent");
         assert_eq!(vm.argv, ["--confine", "--vsock-port", "1024"]);
         assert_eq!(vm.vsock.len(), 1);
@@ -234,8 +244,16 @@ mod tests {
         assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
 
         spec.persistent_layer = true;
+        let layout = Layout::new(&spec.layer_dir, true);
+        layout.prepare(&spec.agent_path).unwrap();
         let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
         assert!(!vm.network, "no TSI for a worker VM either");
+        let overlay = vm.root_overlay.as_ref().unwrap();
+        assert_eq!(
+            overlay.size_mib, None,
+            "a worker VM's layer persists: no tmpfs"
+        );
+        assert_eq!(overlay.upper, spec.layer_dir.join("upper"));
         assert_eq!(vm.vsock.len(), 2, "{value}");
         assert_eq!(value["vsock"][1]["port"], BUS_VSOCK_PORT);
         assert_eq!(value["vsock"][1]["socket"], json!(layout.bus_socket));

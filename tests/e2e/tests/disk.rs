@@ -7,11 +7,11 @@
 mod sandbox_support;
 mod worker_support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack};
 use iii_test_engine::Engine;
+use sandbox_support::disk_fill::{filler, free_bytes, number};
 use sandbox_support::{create, exec_ok, sh, stdout};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
@@ -25,48 +25,6 @@ const SLACK_MB: u64 = 48;
 /// measuring the host's free space does not count the other's writes (a clean-clone CI run
 /// saw the worker test's 52 MiB charged to the sandbox's /tmp).
 static HOST_DISK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Bytes free on the filesystem holding `path`, as an ordinary process sees them.
-fn free_bytes(path: &Path) -> u64 {
-    let out = std::process::Command::new("stat")
-        .args(["-f", "-c", "%a %S"])
-        .arg(path)
-        .output()
-        .expect("stat -f");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().unwrap());
-    let (blocks, size) = (parts.next().unwrap(), parts.next().unwrap());
-    blocks * size
-}
-
-/// Writes 1 MiB blocks to `path` until the kernel refuses; prints what it wrote and why it
-/// stopped.
-fn filler(path: &str) -> String {
-    format!(
-        r#"
-import errno, os
-block = b"x" * (1 << 20)
-written = 0
-try:
-    with open("{path}", "wb") as f:
-        for _ in range(4096):
-            f.write(block)
-            f.flush()
-            written += len(block)
-        os.fsync(f.fileno())
-    print("full no")
-except OSError as e:
-    print("errno", e.errno, errno.errorcode.get(e.errno))
-print("written_mb", written >> 20)
-"#
-    )
-}
-
-fn number(out: &str, key: &str) -> u64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key:?} in {out:?}"))
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothing() {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, Stack};
+use sandbox_support::disk_fill::{filler, free_bytes, number};
 use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
     assert_all_blocked, assert_only_entries, create, descendants, eventually, exec, exec_ok,
@@ -25,6 +26,9 @@ use serde_json::{json, Value};
 use worker_support::{wait_log, worker_ok, worker_vm_rounds};
 
 /// The stack on the libkrun plugin, serving under its own adapter name.
+/// The writable layer of the sandboxes whose disk limit is checked (`default_disk_mb`).
+const DISK_MB: u64 = 64;
+
 async fn libkrun_stack(config: Value) -> Stack {
     let options = AdapterOptions {
         plugin: PluginKind::Libkrun,
@@ -128,7 +132,7 @@ fn find_named(dir: &Path, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn microvm_sandboxes_run_create_exec_stop_list() {
     let test = "microvm_sandboxes_run_create_exec_stop_list";
-    let stack = libkrun_stack(json!({})).await;
+    let stack = libkrun_stack(json!({"default_disk_mb": DISK_MB})).await;
     if !microvms_or_refusal(&stack, test).await {
         return;
     }
@@ -200,7 +204,8 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
         "no zombie left in the guest: {zombies}"
     );
 
-    // The root is writable per sandbox, and the write lands in its own layer only.
+    // The root is writable per sandbox, and the write lands in its own layer only: the
+    // runner's tmpfs, so neither the image cache nor the host's state directory holds it.
     let marker = format!("written-by-{id}");
     let wrote = exec_ok(
         &stack,
@@ -209,23 +214,50 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     )
     .await;
     assert_eq!(stdout(&wrote), "hi\n", "{wrote}");
-    let upper = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(&id)
-        .join("upper/etc")
-        .join(&marker);
+    for (what, dir) in [
+        ("the image cache", e2e_tests::shared_cache_dir()),
+        ("the state directory", stack.state_dir.path().to_path_buf()),
+    ] {
+        let found = find_named(&dir, &marker);
+        assert!(found.is_empty(), "{what} was written: {found:?}");
+    }
+
+    // The layer holds default_disk_mb and no more: ENOSPC inside, the host's filesystem
+    // pays nothing, and the sandbox keeps serving (and writes again once the file is gone).
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let disk = &info["backend"]["isolation"]["disk"];
     assert!(
-        upper.is_file(),
-        "the write is in the sandbox's upper layer: {}",
-        upper.display()
+        disk["sandboxes"]
+            .as_str()
+            .is_some_and(|d| d.contains("tmpfs")),
+        "adapter::info says how the layer is bounded: {info}"
     );
-    let in_cache = find_named(&e2e_tests::shared_cache_dir(), &marker);
+    let before = free_bytes(stack.state_dir.path());
+    let fill = exec_ok(
+        &stack,
+        &id,
+        json!({"argv": ["python3", "-c", filler("/fill")], "timeout_ms": 240_000}),
+    )
+    .await;
+    let paid_mb = before.saturating_sub(free_bytes(stack.state_dir.path())) >> 20;
+    let out = stdout(&fill).to_string();
+    println!(
+        "/fill in a microVM: {} ; the host paid {paid_mb} MiB",
+        out.replace('\n', " ")
+    );
+    assert!(out.contains("errno 28 ENOSPC"), "ENOSPC: {fill}");
+    assert!(number(&out, "written_mb ") <= DISK_MB, "{fill}");
     assert!(
-        in_cache.is_empty(),
-        "the image cache was written: {in_cache:?}"
+        paid_mb < DISK_MB / 2,
+        "the host's filesystem paid {paid_mb} MiB"
     );
+    let again = exec_ok(
+        &stack,
+        &id,
+        sh("rm /fill && head -c 1048576 /dev/zero > /fill && wc -c < /fill && rm /fill"),
+    )
+    .await;
+    assert_eq!(stdout(&again).trim(), "1048576", "{again}");
 
     // A guest flooding its console (6 MiB) cannot fill the host's disk: the console log is
     // rotated at 2 MiB and keeps the newest output; the sandbox keeps serving.

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use e2e_tests::{error_body, s_code, RemoteError, Stack};
 use serde_json::{json, Value};
 
+pub mod disk_fill;
 pub mod streams;
 
 /// Creates a sandbox of `image` with the extra create fields of `extra`; panics with the
