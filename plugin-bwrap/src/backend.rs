@@ -289,6 +289,14 @@ impl Backend for BwrapBackend {
         sandbox_core::log_tails(&[("sandbox", &layer_dir.join("sandbox.log"))])
     }
 
+    fn state_group(&self) -> Option<u32> {
+        // Run by root, bwrap sets up each sandbox's mounts from inside a user namespace whose
+        // root is the first subordinate host id: its group must traverse the state directory.
+        self.id_map
+            .needs_idmapped_mounts()
+            .then_some(self.id_map.gid_base)
+    }
+
     fn isolation(&self) -> serde_json::Value {
         let egress_unavailable = self.egress_unavailable();
         serde_json::json!({

@@ -168,6 +168,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Called on stop and when reconciling leftovers of an earlier run.
     fn release_layer(&self, _layer_dir: &Path) {}
 
+    /// The host group, besides the adapter's own user, whose processes must traverse the
+    /// state directory's `sandboxes/` and `workers/` (a backend whose sandboxes set up their
+    /// mounts as other host ids); `None` when only the adapter's user opens paths there. The
+    /// directories are closed to everyone else (see `SandboxPlugin::start`).
+    fn state_group(&self) -> Option<u32> {
+        None
+    }
+
     /// How this backend confines a sandbox on this host (ids, capabilities, seccomp, which
     /// limits are in force), for `adapter::info.backend.isolation`; null when it says nothing.
     fn isolation(&self) -> serde_json::Value {

@@ -39,6 +39,24 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) pool: warm_pool::WarmPool,
 }
 
+/// Closes the state directory's `sandboxes/` and `workers/` to every other host user: 0700,
+/// or 0710 with `group` (the backend's, see [`Backend::state_group`]) allowed through. What a
+/// guest leaves in its layer or `/state` (a setuid copy of a shell, a device node) then lies
+/// beyond their reach, whatever the guest did to the modes inside. Run at each start, so a
+/// state directory made by an older version is closed too.
+fn close_to_others(state_dir: &std::path::Path, group: Option<u32>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in ["sandboxes", "workers"] {
+        let dir = state_dir.join(dir);
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(&dir, None, Some(gid))?;
+        }
+        let mode = if group.is_some() { 0o710 } else { 0o700 };
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 impl<B: Backend> SandboxPlugin<B> {
     /// Validates `config`, cleans what an earlier run left, and starts the idle reaper. Must
     /// run inside the plugin's tokio runtime. The error is the one-line reason the shell prints
@@ -67,6 +85,8 @@ impl<B: Backend> SandboxPlugin<B> {
                 state_dir.display()
             )
         })?;
+        close_to_others(&state_dir, backend.state_group())
+            .map_err(|e| format!("cannot close {} to other users: {e}", state_dir.display()))?;
         let plugin = Arc::new(Self {
             adapter,
             adapter_version,

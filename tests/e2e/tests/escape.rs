@@ -11,7 +11,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{assert_all_blocked, assert_only_entries, create, exec_ok, stdout, Canary};
+use sandbox_support::{
+    assert_all_blocked, assert_only_entries, assert_plants_out_of_reach, create, exec_ok, stdout,
+    Canary,
+};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
 
@@ -75,6 +78,17 @@ async fn a_worker_vm_cannot_write_its_read_only_mounts_or_escape() {
     .await;
     let log = wait_log(&stack, "escape", "done ", 1, Duration::from_secs(90)).await;
     assert_all_blocked(&log, &stack.adapter.log());
+    assert!(
+        log.contains("planted /state/"),
+        "the /state plant was made: {log}"
+    );
+    // The root's plant is in the worker's layer, which the host sees only for an ordinary-user
+    // adapter (a root one keeps it in an ext4 image mounted in the launcher's namespace).
+    let found = assert_plants_out_of_reach(stack.state_dir.path(), stack.adapter.pid());
+    assert!(
+        found >= 1,
+        "the /state plant is in the worker's directory on the host"
+    );
     assert!(
         log.contains("write:/worker/escape.txt blocked"),
         "the /worker write was tried: {log}"

@@ -19,6 +19,8 @@ host_boot_id = sys.argv[3] if len(sys.argv) > 3 else None
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 results = []
+# The name of the setuid files the last section leaves for a host user to find.
+PLANT = ".escape-plant-suid"
 
 
 def report(name, escaped, detail):
@@ -161,4 +163,20 @@ for path in ["/worker/escape.txt", "/.iii-agent"]:
 
 # 10. The canary path itself: the host's filesystem is not there.
 write_file("host-path", canary, "pwned")
+
+# 11. Plants for another host user: a setuid copy of busybox in the root (its writable layer)
+# and in /state (a worker's host directory), /state opened to all. The test then tries, as
+# an ordinary host user, to reach them by their host paths (`assert_plants_out_of_reach`).
+for plant in ["/" + PLANT, "/state/" + PLANT]:
+    if not os.path.isdir(os.path.dirname(plant)):
+        continue
+    try:
+        import shutil
+        shutil.copy("/bin/busybox", plant)
+        os.chmod(plant, 0o4755)
+        if plant.startswith("/state/"):
+            os.chmod("/state", 0o777)
+        print(f"planted {plant}", flush=True)
+    except OSError as e:
+        print(f"plant {plant} refused {errno.errorcode.get(e.errno, e.errno)}", flush=True)
 print(f"done {len(results)} attacks", flush=True)

@@ -19,8 +19,9 @@ use e2e_tests::{bwrap_usable, error_body, s_code, AdapterOptions, PluginKind, St
 use sandbox_support::disk_fill::{filler, free_bytes, number};
 use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
-    assert_all_blocked, assert_only_entries, create, descendants, eventually, exec, exec_ok,
-    expect_err, live_ids, sh, stdout, stop, timeout_kills_the_grandchild, Canary,
+    assert_all_blocked, assert_only_entries, assert_plants_out_of_reach, create, descendants,
+    eventually, exec, exec_ok, expect_err, find_named, live_ids, sh, stdout, stop,
+    timeout_kills_the_grandchild, Canary,
 };
 use serde_json::{json, Value};
 use worker_support::{wait_log, worker_ok, worker_vm_rounds};
@@ -106,27 +107,6 @@ async fn microvms_or_refusal(stack: &Stack, test: &str) -> bool {
         started.elapsed()
     );
     false
-}
-
-/// Every file under `dir` named `name` (the image cache must never receive a sandbox's write).
-fn find_named(dir: &Path, name: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if entry.file_name() == name {
-                found.push(path.display().to_string());
-            }
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(path);
-            }
-        }
-    }
-    found
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -709,6 +689,13 @@ async fn microvms_cannot_escape_to_the_host() {
     let log = wait_log(&stack, "escape", "done ", 1, Duration::from_secs(180)).await;
     println!("{log}");
     assert_all_blocked(&log, &stack.adapter.log());
+    let planted = log.lines().filter(|l| l.starts_with("planted ")).count();
+    assert_eq!(planted, 2, "the root and /state plants were made: {log}");
+    let found = assert_plants_out_of_reach(stack.state_dir.path(), stack.adapter.pid());
+    assert_eq!(
+        found, 2,
+        "both plants are in the worker's directories on the host"
+    );
     worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
 
     canary.assert_untouched();

@@ -361,3 +361,71 @@ pub fn assert_only_entries(dir: &Path, names: &[&str]) {
     entries.sort();
     assert_eq!(entries, names, "nothing new in {}", dir.display());
 }
+
+/// Every file under `dir` named `name` (a sandbox's write must not land in the image cache;
+/// the escape suite's plants, see [`assert_plants_out_of_reach`]).
+pub fn find_named(dir: &Path, name: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name() == name {
+                found.push(path.display().to_string());
+            }
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// What `escape_attacks.py` names the setuid files it plants for a host user.
+pub const PLANT: &str = ".escape-plant-suid";
+
+/// The second half of the plant attack, run on the host while the guest's layer and `/state`
+/// still exist: `nobody` tries to reach each setuid file the guest planted under the state
+/// directory. Each must be out of its reach, or (a root bwrap adapter, whose sandboxes are
+/// subordinate host ids) owned by neither host root nor the adapter's user, so running it
+/// gains nothing. Returns how many plants were found.
+pub fn assert_plants_out_of_reach(state_dir: &Path, adapter_pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{adapter_pid}/status")).unwrap();
+    let adapter_uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+        .expect("the adapter's uid");
+    // The state directory as an operator may well leave it (0755, like /var/lib): only what
+    // the adapter makes beneath it decides. (The tests' own is a private temporary one.)
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state_dir).unwrap().permissions().mode();
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plants = find_named(state_dir, PLANT);
+    for plant in &plants {
+        let seen = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["stat", "-c", "%u %a"])
+            .arg(plant)
+            .output()
+            .expect("setpriv runs");
+        let shown = String::from_utf8_lossy(&seen.stdout).trim().to_string();
+        let why = String::from_utf8_lossy(&seen.stderr).trim().to_string();
+        println!("plant {plant}: as nobody {shown:?} {why}");
+        if seen.status.success() {
+            let owner: u32 = shown.split_whitespace().next().unwrap().parse().unwrap();
+            assert!(
+                owner != 0 && owner != adapter_uid,
+                "another host user reaches a setuid file of uid {owner} a guest planted: \
+                 {plant} ({shown})"
+            );
+        } else {
+            assert!(why.contains("Permission denied"), "{plant}: {why}");
+        }
+    }
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    plants.len()
+}
