@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, s_code, AdapterOptions, Stack};
-use sandbox_support::eventually;
+use sandbox_support::{eventually, Canary};
 use serde_json::{json, Value};
 use worker_support::{log_of, wait_log, worker_err, worker_ok, TOKEN};
 
@@ -690,53 +690,6 @@ async fn the_command_runs_without_a_shell_and_both_streams_reach_the_log() {
     assert!(log.contains("no-such-program-here"), "{log}");
 }
 
-/// A host file a hostile guest (or an older adapter's leftovers) tries to reach through a
-/// link: its content and mtime must never change, and no answer may carry its content.
-struct Canary {
-    path: PathBuf,
-    content: String,
-    mtime: std::time::SystemTime,
-}
-
-impl Canary {
-    fn new(dir: &Path, name: &str) -> Canary {
-        let path = dir.join(name);
-        let content = format!("CANARY-{name}-{}\n", std::process::id());
-        std::fs::write(&path, &content).unwrap();
-        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
-        Canary {
-            path,
-            content,
-            mtime,
-        }
-    }
-
-    fn assert_untouched(&self, when: &str) {
-        let now = std::fs::read_to_string(&self.path).unwrap();
-        assert_eq!(
-            now,
-            self.content,
-            "{when}: {} was written",
-            self.path.display()
-        );
-        let mtime = std::fs::metadata(&self.path).unwrap().modified().unwrap();
-        assert_eq!(
-            mtime,
-            self.mtime,
-            "{when}: {} was touched",
-            self.path.display()
-        );
-    }
-
-    fn assert_not_in(&self, text: &str, when: &str) {
-        assert!(
-            !text.contains(self.content.trim()),
-            "{when}: {} leaked: {text}",
-            self.path.display()
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_adapter_never_follows_links_planted_for_the_log() {
     if !bwrap_usable("the_adapter_never_follows_links_planted_for_the_log") {
@@ -744,11 +697,11 @@ async fn the_adapter_never_follows_links_planted_for_the_log() {
     }
     let project = Project::new();
     let canaries = e2e_tests::host_dir();
-    let shadow = Canary::new(canaries.path(), "shadow");
-    let overwritten = Canary::new(canaries.path(), "overwritten");
+    let shadow = Canary::plant(canaries.path(), "shadow");
+    let overwritten = Canary::plant(canaries.path(), "overwritten");
     let check = |when: &str, text: &str| {
         for canary in [&shadow, &overwritten] {
-            canary.assert_untouched(when);
+            canary.assert_untouched_when(when);
             canary.assert_not_in(text, when);
         }
     };

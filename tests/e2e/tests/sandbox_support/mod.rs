@@ -336,17 +336,32 @@ impl Canary {
     }
 
     pub fn assert_untouched(&self) {
+        self.assert_untouched_when("after the attacks");
+    }
+
+    /// The canary kept its content and mtime; `when` says at which step of a test.
+    pub fn assert_untouched_when(&self, when: &str) {
         let now = Canary::of(&self.path);
         assert_eq!(
             String::from_utf8_lossy(&now.content),
             String::from_utf8_lossy(&self.content),
-            "{} changed",
+            "{when}: {} changed",
             self.path.display()
         );
         assert_eq!(
             now.modified,
             self.modified,
-            "{} was written",
+            "{when}: {} was written",
+            self.path.display()
+        );
+    }
+
+    /// `text` (a reply, a log) does not hold the canary's content: it was not read out.
+    pub fn assert_not_in(&self, text: &str, when: &str) {
+        let content = String::from_utf8_lossy(&self.content);
+        assert!(
+            !text.contains(content.trim()),
+            "{when}: {} leaked: {text}",
             self.path.display()
         );
     }
