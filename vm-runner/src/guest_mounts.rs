@@ -29,7 +29,7 @@ pub enum MountError {
     Nul,
 }
 
-fn io_error(what: &'static str, path: &Path, source: io::Error) -> MountError {
+pub(crate) fn io_error(what: &'static str, path: &Path, source: io::Error) -> MountError {
     MountError::Io {
         what,
         path: path.display().to_string(),
@@ -55,7 +55,7 @@ pub fn apply(root: &Path, mounts: &[GuestMount]) -> Result<(), MountError> {
                 read_only,
             } => {
                 let target = mount_point(root, guest_path, true)?;
-                tmpfs(&target)?;
+                tmpfs(&target, None)?;
                 if *read_only {
                     read_only_dirs.push(target);
                 }
@@ -210,15 +210,22 @@ fn bind(source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>
     Ok(())
 }
 
-fn tmpfs(target: &Path) -> Result<(), MountError> {
+/// A tmpfs (nosuid, nodev, mode 0755) on `target`: `size_mib` large when given, else the
+/// kernel's default size.
+pub(crate) fn tmpfs(target: &Path, size_mib: Option<u32>) -> Result<(), MountError> {
     let tmpfs = c"tmpfs";
+    let options = match size_mib {
+        Some(size) => format!("size={size}m,mode=0755"),
+        None => "mode=0755".to_string(),
+    };
+    let options = CString::new(options).map_err(|_| MountError::Nul)?;
     mount_call(
         "mount a tmpfs on",
         Some(&CString::from(tmpfs)),
         target,
         Some(tmpfs),
         libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=0755"),
+        Some(&options),
     )
 }
 

@@ -11,6 +11,7 @@
 use std::ffi::CString;
 use std::path::Path;
 
+use crate::guest_mounts::{self, MountError};
 use crate::spec::RootOverlay;
 
 /// Why the overlay root could not be set up.
@@ -30,37 +31,11 @@ pub enum OverlayError {
         root: String,
         source: std::io::Error,
     },
-    #[error("cannot make the writable layer's tmpfs at {dir}: {source}")]
-    Disk { dir: String, source: std::io::Error },
+    /// The tmpfs that bounds the writable layer, or a directory in it.
+    #[error("the writable layer's tmpfs: {0}")]
+    Disk(#[from] MountError),
     #[error("an overlay path holds a NUL byte")]
     Nul,
-}
-
-/// A tmpfs of `size_mib` at `dir`, for the overlay's upper and work directories: the bound of
-/// the guest's writes (ENOSPC past it). Mountable by an ordinary user's runner in its own
-/// user namespace; the directory itself stays empty on the host.
-fn mount_disk(dir: &Path, size_mib: u32) -> Result<(), OverlayError> {
-    let disk_error = |source| OverlayError::Disk {
-        dir: dir.display().to_string(),
-        source,
-    };
-    let target = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| OverlayError::Nul)?;
-    let options =
-        CString::new(format!("size={size_mib}m,mode=0755")).map_err(|_| OverlayError::Nul)?;
-    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
-    let mounted = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            target.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            options.as_ptr().cast(),
-        )
-    };
-    if mounted != 0 {
-        return Err(disk_error(std::io::Error::last_os_error()));
-    }
-    Ok(())
 }
 
 /// In a user namespace just made: the caller's own ids become root, the only mapping an
@@ -121,13 +96,13 @@ fn in_own_user_namespace() -> bool {
 
 /// Mounts `overlay` at `root`; call [`enter_private_namespace`] first.
 pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
+    // The bound of the guest's writes (ENOSPC past it): a tmpfs holding upper and work,
+    // mountable by an ordinary user's runner in its own user namespace; on the host the
+    // directory stays empty.
     if let (Some(size), Some(dir)) = (overlay.size_mib, overlay.disk_dir()) {
-        mount_disk(dir, size)?;
+        guest_mounts::tmpfs(dir, Some(size))?;
         for made in [&overlay.upper, &overlay.work] {
-            std::fs::create_dir(made).map_err(|source| OverlayError::Disk {
-                dir: made.display().to_string(),
-                source,
-            })?;
+            std::fs::create_dir(made).map_err(|e| guest_mounts::io_error("make", made, e))?;
         }
     }
     // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
