@@ -29,17 +29,15 @@ pub fn parse(value: Option<OsString>) -> (Duration, Option<String>) {
     let text = value.to_string_lossy();
     match text.trim().parse::<u64>() {
         Ok(secs @ 1..=MAX_SECS) => (Duration::from_secs(secs), None),
-        _ => {
-            let shown: String = text.chars().take(32).collect();
-            (
-                DEFAULT,
-                Some(format!(
-                    "{ENV}={shown:?} is not a number of seconds from 1 to {MAX_SECS}: \
-                     the agent wait stays {} s",
-                    DEFAULT.as_secs()
-                )),
-            )
-        }
+        _ => (
+            DEFAULT,
+            Some(format!(
+                "{ENV}={} is not a number of seconds from 1 to {MAX_SECS}: the agent wait \
+                 stays {} s",
+                sandbox_core::ops::worker::shown_env_value(&text),
+                DEFAULT.as_secs()
+            )),
+        ),
     }
 }
 

@@ -43,8 +43,8 @@ pub use roots::{
     COMPOSE_STATE_DIR_ENV, COMPOSE_STATE_DIR_NAME, WORKER_DIRS_ENV,
 };
 pub use tuning::{
-    VmTuning, DEFAULT_NOFILE_LIMIT, HYPERTHREADING_ENV, NESTED_VIRT_ENV, NOFILE_LIMIT_ENV,
-    VIRTIOFS_SHM_SIZE_ENV,
+    shown as shown_env_value, VmTuning, DEFAULT_NOFILE_LIMIT, HYPERTHREADING_ENV, NESTED_VIRT_ENV,
+    NOFILE_LIMIT_ENV, VIRTIOFS_SHM_SIZE_ENV,
 };
 
 /// `logs` returns this many bytes unless asked otherwise, and never more than the cap.

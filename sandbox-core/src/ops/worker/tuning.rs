@@ -177,7 +177,7 @@ impl VmTuning {
 }
 
 /// A value as shown in a message: at most 32 bytes of it.
-fn shown(value: &str) -> String {
+pub fn shown(value: &str) -> String {
     let mut end = value.len().min(32);
     while !value.is_char_boundary(end) {
         end -= 1;
