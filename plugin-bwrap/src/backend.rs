@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use crate::cgroup;
 use crate::disk::{self, Disk};
 use crate::launch::LaunchCommand;
-use crate::network::NetworkSetup;
+use crate::network::{find_in_path, resolv_conf, HostTools, NetworkSetup};
 use crate::pool::LauncherPool;
 use crate::userns::IdMap;
 
@@ -35,11 +35,8 @@ pub struct BwrapBackend {
     id_map: IdMap,
     /// The limits a sandbox's cgroup can hold on this host, probed once at start.
     limits_in_force: Vec<&'static str>,
-    /// Egress (`network: true`) needs both; without them such a create is S300.
-    pasta: Option<PathBuf>,
-    nft: Option<PathBuf>,
-    /// The host's own addresses, denied to every sandbox.
-    host_addrs: Vec<std::net::IpAddr>,
+    /// Egress (`network: true`) needs pasta and nft; without them such a create is S300.
+    egress_tools: HostTools,
     /// Persistent layers (worker VMs) as ext4 images: a root adapter with `mke2fs`; else
     /// they get a tmpfs like sandboxes (bounded, not persistent; see `disk.rs`).
     mke2fs: Option<PathBuf>,
@@ -89,9 +86,7 @@ impl BwrapBackend {
         Self {
             mke2fs,
             limits_in_force,
-            pasta: find_in_path("pasta"),
-            nft: find_in_path("nft"),
-            host_addrs: crate::network::host_addresses(),
+            egress_tools: HostTools::find(),
             bwrap: find_in_path("bwrap"),
             pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
@@ -101,52 +96,20 @@ impl BwrapBackend {
 }
 
 impl BwrapBackend {
-    /// Why `network: true` cannot be served here, if it cannot.
-    fn egress_unavailable(&self) -> Option<&'static str> {
-        if self.pasta.is_none() {
-            Some("`pasta` is not installed (Debian package `passt`)")
-        } else if self.nft.is_none() {
-            Some("`nft` is not installed (Debian package `nftables`)")
-        } else if std::fs::File::options()
-            .read(true)
-            .write(true)
-            .open("/dev/net/tun")
-            .is_err()
-        {
-            Some("pasta cannot open /dev/net/tun as the adapter's user (Debian's default mode is 0666)")
-        } else {
-            None
-        }
-    }
-
     /// The launcher's network instructions for `spec`, and the resolver file it binds.
     fn network_setup(&self, spec: &BootSpec) -> Result<NetworkSetup, SandboxError> {
-        if let Some(why) = self.egress_unavailable() {
-            return Err(SandboxError::BootFailed(format!(
-                "network egress needs the egress policy and {why}; a sandbox never falls back to the host's network"
-            )));
-        }
-        std::fs::write(
-            spec.layer_dir.join(RESOLV_FILE),
-            format!("nameserver {}\n", crate::network::DNS_FORWARD),
-        )
-        .map_err(|e| {
+        let run_as = self
+            .id_map
+            .needs_idmapped_mounts()
+            .then_some((self.id_map.uid_base, self.id_map.gid_base));
+        let setup = self
+            .egress_tools
+            .setup(&spec.egress, run_as)
+            .map_err(SandboxError::BootFailed)?;
+        std::fs::write(spec.layer_dir.join(RESOLV_FILE), resolv_conf()).map_err(|e| {
             SandboxError::BootFailed(format!("cannot write the sandbox's resolver file: {e}"))
         })?;
-        let path = |p: &Option<PathBuf>| {
-            p.as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        };
-        Ok(NetworkSetup::new(
-            path(&self.nft),
-            path(&self.pasta),
-            &spec.egress,
-            &self.host_addrs,
-            self.id_map
-                .needs_idmapped_mounts()
-                .then_some((self.id_map.uid_base, self.id_map.gid_base)),
-        ))
+        Ok(setup)
     }
 }
 
@@ -230,6 +193,22 @@ impl Backend for BwrapBackend {
                 (path(&upper), path(&work))
             }
         };
+        if self.id_map.needs_idmapped_mounts() {
+            // A writable bind (a worker's `/state`) is shown without an idmap: what the guest
+            // writes there must belong to its subordinate ids on disk (see `owners.rs`).
+            for mount in &spec.mounts {
+                if let GuestMount::Bind(bind) = mount {
+                    if !bind.read_only {
+                        crate::owners::give_to_range(&bind.host, self.id_map).map_err(|e| {
+                            boot_error(
+                                &format!("cannot give {} to the sandbox's ids", bind.guest),
+                                e,
+                            )
+                        })?;
+                    }
+                }
+            }
+        }
         let launcher = self.pool.take().map_err(|e| {
             boot_error(
                 &format!("cannot start the launcher {}", self.launcher.display()),
@@ -285,6 +264,20 @@ impl Backend for BwrapBackend {
         })
     }
 
+    fn remove_guest_tree(&self, path: &Path) -> std::io::Result<()> {
+        match sandbox_core::remove_tree::remove_tree(path) {
+            // What the guest's subordinate ids wrote (an ordinary user's sandbox with a full
+            // map) the adapter's user cannot remove: the launcher removes it as those ids.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::PermissionDenied
+                    && self.id_map.subordinate.is_some() =>
+            {
+                crate::userns::remove_tree_as_sandbox(&self.launcher, path, self.id_map)
+            }
+            other => other,
+        }
+    }
+
     fn boot_logs(&self, layer_dir: &Path) -> String {
         sandbox_core::log_tails(&[("sandbox", &layer_dir.join("sandbox.log"))])
     }
@@ -298,9 +291,10 @@ impl Backend for BwrapBackend {
     }
 
     fn isolation(&self) -> serde_json::Value {
-        let egress_unavailable = self.egress_unavailable();
         serde_json::json!({
             "user_namespace": self.id_map.describe(),
+            // 1: only the sandbox's root exists, so a program switching to another uid fails.
+            "ids_in_sandbox": self.id_map.ids_inside(),
             "host_root_in_sandbox": false,
             "capabilities": "Docker's default set, inside the sandbox's user namespace only",
             "no_new_privs": true,
@@ -312,15 +306,10 @@ impl Backend for BwrapBackend {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
                 "worker_layers": worker_layer_disk(self.mke2fs.is_some()),
             },
-            "network": {
-                "namespace": "always the sandbox's own (network: false: loopback only)",
-                "egress": egress_unavailable.map_or_else(
-                    || "pasta with the egress policy (nftables in the sandbox's namespace)".to_string(),
-                    |why| format!("unavailable: {why}"),
-                ),
-                "dns": "every query (udp/tcp 53, any server) answered by the sandbox's resolver proxy, which judges host names in network_allow / network_deny by the addresses it resolved",
-                "features": if egress_unavailable.is_none() { vec!["network-policy", "network-names"] } else { vec![] },
-            },
+            "network": self.egress_tools.describe(
+                "always the sandbox's own (network: false: loopback only)",
+                "the sandbox's namespace",
+            ),
         })
     }
 
@@ -477,14 +466,6 @@ fn user_namespaces_allowed() -> bool {
         .ok()
         .and_then(|n| n.trim().parse::<u64>().ok())
         .is_none_or(|n| n > 0)
-}
-
-fn find_in_path(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
 }
 
 #[cfg(test)]

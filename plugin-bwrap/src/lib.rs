@@ -10,12 +10,13 @@
 mod backend;
 mod cgroup;
 pub mod disk;
-pub mod dns;
 pub mod launch;
-pub mod netns;
-pub mod network;
+mod owners;
 mod pool;
 pub mod userns;
+
+/// The sandbox network's set-up and starter side, shared with the libkrun VM runner.
+pub use egress::{dns, netns, network};
 
 use std::sync::Arc;
 

@@ -168,6 +168,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Called on stop and when reconciling leftovers of an earlier run.
     fn release_layer(&self, _layer_dir: &Path) {}
 
+    /// What the backend's own logs in `layer_dir` say about a sandbox whose agent is gone,
+    /// appended to the cause `list` and later calls show (`"; ..."`, or empty).
+    fn death_note(&self, _layer_dir: &Path) -> String {
+        String::new()
+    }
+
+    /// Removes a tree a guest wrote into (a layer, a worker's state directory), never
+    /// following a link out of it. A backend whose guests write as host ids the adapter's
+    /// user cannot remove (an ordinary user's subordinate ids) removes it as those ids.
+    fn remove_guest_tree(&self, path: &Path) -> std::io::Result<()> {
+        crate::remove_tree::remove_tree(path)
+    }
+
     /// The host group, besides the adapter's own user, whose processes must traverse the
     /// state directory's `sandboxes/` and `workers/` (a backend whose sandboxes set up their
     /// mounts as other host ids); `None` when only the adapter's user opens paths there. The

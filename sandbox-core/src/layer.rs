@@ -87,7 +87,7 @@ impl StateDir {
 
     pub fn remove_layer(&self, backend: &dyn Backend, layer: &Path) {
         backend.release_layer(layer);
-        if let Err(e) = crate::remove_tree::remove_tree(layer) {
+        if let Err(e) = backend.remove_guest_tree(layer) {
             tracing::warn!(layer = %layer.display(), error = %e, "cannot remove sandbox layer");
         }
     }

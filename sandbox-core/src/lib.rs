@@ -30,13 +30,15 @@ pub mod error;
 pub mod functions;
 mod images;
 mod layer;
-pub mod network;
+/// The egress policy (SPEC.md section 8), from the `egress` crate the starters share.
+pub use egress::policy as network;
 pub mod ops;
 pub mod plugin;
 mod reaper;
 mod registry;
 pub mod remove_tree;
 pub mod request;
+pub mod subordinate;
 mod warm_pool;
 
 pub use backend::{

@@ -4,7 +4,9 @@
 //! overlay root and becomes bwrap inside the sandbox's user namespace. Not meant to be run by
 //! hand.
 //!
-//! Usage: `sandbox-bwrap-launch --parent PID --id-map UID:GID:COUNT [--cgroup-procs FILE]...`
+//! Usage: `sandbox-bwrap-launch --parent PID --id-map MAP [--cgroup-procs FILE]...`, or
+//! `sandbox-bwrap-launch --remove-tree PATH --id-map MAP` to remove a tree a sandbox's ids
+//! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`).
 //!
 //! stdout is the agent's channel from the start, so nothing is ever written there. Every
 //! failure ends up in the sandbox log named by the command (what the adapter shows in a boot
@@ -34,7 +36,11 @@ struct Prepared {
 }
 
 fn main() -> ExitCode {
-    let setup = prepare(std::env::args().skip(1).collect());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--remove-tree") {
+        return remove_tree(&args[1..]);
+    }
+    let setup = prepare(args);
     // SAFETY: fd 0 is this process's stdin, open for its whole life; ManuallyDrop keeps the
     // `File` from closing it, since bwrap inherits it as the agent's input.
     let stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
@@ -52,6 +58,27 @@ fn main() -> ExitCode {
         Err(e) => format!("cannot open the sandbox log {}: {e}", command.log),
     };
     eprintln!("sandbox-bwrap-launch: {error}");
+    ExitCode::from(1)
+}
+
+/// `--remove-tree PATH --id-map MAP`: removes PATH as the root of a namespace of MAP.
+fn remove_tree(args: &[String]) -> ExitCode {
+    let (path, map) = match args {
+        [path, flag, map] if flag == "--id-map" => (Path::new(path), IdMap::parse_arg(map)),
+        _ => return fail("usage: --remove-tree PATH --id-map MAP"),
+    };
+    let Some(map) = map else {
+        return fail("--id-map: not UID:GID:COUNT[:SUBUID:SUBGID]");
+    };
+    let entered = userns::create(map).and_then(|userns| userns::enter(&userns, map));
+    match entered.and_then(|()| sandbox_core::remove_tree::remove_tree(path)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("sandbox-bwrap-launch: {message}");
     ExitCode::from(1)
 }
 
@@ -182,12 +209,16 @@ fn stage_idmapped(
     for arg in &args {
         match arg {
             // The merged root is the overlay, mounted inside the staged layer later.
-            Arg::Bind { source, .. } if *source != command.merged => {
+            Arg::Bind { flag, source, .. } if *source != command.merged => {
                 let is_dir = std::fs::metadata(source)?.is_dir();
-                binds.push(Some((
-                    userns::idmapped_clone(Path::new(source), userns)?,
-                    is_dir,
-                )));
+                // A writable bind (a worker's `/state`) belongs to the sandbox's ids on disk
+                // already: shown as it is, so the guest's files stay in its range there.
+                let tree = if flag == "--bind" {
+                    userns::plain_clone(Path::new(source))?
+                } else {
+                    userns::idmapped_clone(Path::new(source), userns)?
+                };
+                binds.push(Some((tree, is_dir)));
             }
             Arg::Bind { .. } => binds.push(None),
             Arg::Plain(_) => {}

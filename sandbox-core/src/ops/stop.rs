@@ -70,7 +70,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// (a `stop` also ends the link).
 pub(crate) fn watch_agent<B: Backend>(plugin: Weak<SandboxPlugin<B>>, sandbox: &Arc<Sandbox>) {
     let agent: AgentClient = sandbox.agent.clone();
-    let (id, pid) = (sandbox.id, sandbox.process.pid());
+    let (id, pid, layer) = (sandbox.id, sandbox.process.pid(), sandbox.layer.clone());
     tokio::spawn(async move {
         let link = agent.closed().await;
         drop(agent);
@@ -84,7 +84,7 @@ pub(crate) fn watch_agent<B: Backend>(plugin: Weak<SandboxPlugin<B>>, sandbox: &
             Some(pid) => exit_status(pid, EXIT_WAIT).await,
             None => None,
         };
-        let cause = death_cause(&link, exit);
+        let cause = death_cause(&link, exit) + &plugin.backend.death_note(&layer);
         let Some(sandbox) = plugin.registry.take_dead(id, &cause) else {
             return;
         };

@@ -412,7 +412,7 @@ async fn destroy<B: Backend>(
         let _guard = lock(&workers.record_lock);
         workers
             .dirs
-            .remove(&vm_id)
+            .remove(&vm_id, |dir| plugin.backend.remove_guest_tree(dir))
             .map_err(|e| internal(&vm_id, "delete the state directory of", e))?
     };
     // Forget the lock unless another call waits on it (it holds a clone): it must keep

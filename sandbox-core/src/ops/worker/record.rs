@@ -146,12 +146,18 @@ impl WorkerDirs {
         ids
     }
 
-    pub fn remove(&self, vm_id: &str) -> io::Result<bool> {
+    /// Deletes the worker's directory with `remove_tree` (the backend's: its guest wrote in
+    /// it); `false` when there was none.
+    pub fn remove(
+        &self,
+        vm_id: &str,
+        remove_tree: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<bool> {
         let dir = self.dir(vm_id);
         if !dir.exists() {
             return Ok(false);
         }
-        crate::remove_tree::remove_tree(&dir).map(|()| true)
+        remove_tree(&dir).map(|()| true)
     }
 }
 
@@ -247,7 +253,8 @@ mod tests {
             0o600
         );
         assert_eq!(dirs.ids(), vec!["w1".to_string()]);
-        assert!(dirs.remove("w1").unwrap());
-        assert!(!dirs.remove("w1").unwrap());
+        let remove = crate::remove_tree::remove_tree;
+        assert!(dirs.remove("w1", remove).unwrap());
+        assert!(!dirs.remove("w1", remove).unwrap());
     }
 }

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
-use sandbox_core::network::{Egress, Targets};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 use crate::network::{DnsSetup, ALLOW_V4, ALLOW_V6, DENY_V4, DENY_V6, SET_SIZE, TABLE};
+use crate::policy::{Egress, Targets};
 
 /// The largest query taken from the sandbox (a question is a few dozen bytes).
 pub const MAX_QUERY: usize = 4096;
@@ -195,7 +195,7 @@ impl State {
 
     fn log(&self, what: &str) {
         if self.logged.fetch_add(1, Ordering::Relaxed) < MAX_LOGGED {
-            eprintln!("sandbox-bwrap-launch: dns: {what}");
+            eprintln!("{}: dns: {what}", crate::program());
         }
     }
 
@@ -1083,9 +1083,15 @@ mod tests {
     /// A resolver on 127.0.0.1 (udp and tcp, one port) answering `public.test` and
     /// `allowed.test` with 198.51.100.10 (TTL 60), anything else with no records.
     fn upstream() -> SocketAddr {
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let at = udp.local_addr().unwrap();
-        let tcp = std::net::TcpListener::bind(at).unwrap();
+        // The kernel's free udp port may be taken for tcp (CI saw AddrInUse): try another.
+        let (udp, at, tcp) = (0..100)
+            .find_map(|_| {
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+                let at = udp.local_addr().ok()?;
+                let tcp = std::net::TcpListener::bind(at).ok()?;
+                Some((udp, at, tcp))
+            })
+            .expect("a port free for both udp and tcp");
         let respond = |bytes: &[u8]| -> Option<Vec<u8>> {
             let query = Message::from_vec(bytes).ok()?;
             let asked = plain(&query.queries.first()?.name);
@@ -1137,9 +1143,15 @@ mod tests {
         std::fs::write(&nft, body).unwrap();
         std::fs::set_permissions(&nft, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let at = udp.local_addr().unwrap();
-        let tcp = std::net::TcpListener::bind(at).unwrap();
+        // The kernel's free udp port may be taken for tcp (CI saw AddrInUse): try another.
+        let (udp, at, tcp) = (0..100)
+            .find_map(|_| {
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+                let at = udp.local_addr().ok()?;
+                let tcp = std::net::TcpListener::bind(at).ok()?;
+                Some((udp, at, tcp))
+            })
+            .expect("a port free for both udp and tcp");
         let setup = DnsSetup {
             upstream: Vec::new(),
             allow_names: vec!["allowed.test".into()],

@@ -1,7 +1,7 @@
-//! The launcher's side of a sandbox's egress (see `network.rs`): a new network namespace,
-//! its loopback up, the policy loaded, the resolver proxy (`dns.rs`) listening in it from a
-//! process of the host's namespace, and pasta attached to it from the host's namespace.
-//! Runs in the launcher only, single-threaded.
+//! The starter's side of a sandbox's egress (see `network.rs`; the starter is the bwrap
+//! launcher or the VM runner): a new network namespace, its loopback up, the policy loaded,
+//! the resolver proxy (`dns.rs`) listening in it from a process of the host's namespace, and
+//! pasta attached to it from the host's namespace. Runs in the starter only, single-threaded.
 
 // Bringing an interface up is an ioctl nix does not wrap.
 #![allow(unsafe_code)]
@@ -53,7 +53,7 @@ impl PastaStarter {
             ForkResult::Child => {
                 drop(ours);
                 let error = become_pasta(theirs);
-                eprintln!("sandbox-bwrap-launch: pasta: {error}");
+                eprintln!("{}: pasta: {error}", crate::program());
                 // SAFETY: _exit ends the forked child without the parent's destructors.
                 unsafe { libc::_exit(1) }
             }
@@ -69,13 +69,42 @@ impl PastaStarter {
 /// namespace with `setup`'s policy loaded, the resolver proxy serving and pasta attached;
 /// returns once the namespace has its default route. Failures name their cause.
 pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result<(), String> {
+    connect_to(starter, setup, log, None)
+}
+
+/// [`connect`] for a starter that stays host root (a root adapter's VM runner, whose files
+/// are the host's): the new network namespace belongs to a user namespace that `owner` (the
+/// sandbox's unprivileged host ids, which pasta runs as) holds, never host root's, so pasta
+/// joins it as its owner and never runs as root. A child of ours holds that user namespace
+/// (pasta joins it by that child's pid) as long as we live.
+pub fn connect_owned_by(
+    starter: PastaStarter,
+    setup: &NetworkSetup,
+    log: &str,
+    owner: (u32, u32),
+) -> Result<(), String> {
+    connect_to(starter, setup, log, Some(owner))
+}
+
+fn connect_to(
+    starter: PastaStarter,
+    setup: &NetworkSetup,
+    log: &str,
+    owner: Option<(u32, u32)>,
+) -> Result<(), String> {
     // Forked while this process is still in the host's network namespace, where the proxy's
     // sockets to the resolvers are made before it joins the sandbox's (so the sandbox's
     // policy never judges them, and they are all it has of the host's network).
     let proxy =
         DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
-    unshare(CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("cannot make the sandbox's network namespace: {e}"))?;
+    let pasta_target = match owner {
+        None => {
+            unshare(CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("cannot make the sandbox's network namespace: {e}"))?;
+            nix::unistd::getpid()
+        }
+        Some(owner) => enter_namespace_held_by(owner)?,
+    };
     loopback_up().map_err(|e| format!("cannot bring the sandbox's loopback up: {e}"))?;
     // Bound before the sandbox exists: nothing of its own can take the port first.
     let listeners = dns_listeners()?;
@@ -91,7 +120,7 @@ pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result
         .map_or_else(String::new, |(uid, gid)| format!("{uid}:{gid}"));
     let mut argv = vec![log.to_string(), ids, setup.pasta.clone()];
     argv.extend(setup.pasta_args.iter().cloned());
-    argv.push(std::process::id().to_string());
+    argv.push(pasta_target.to_string());
     let message = argv.join("\0");
     if message.len() > MAX_ARGV {
         return Err("pasta's command line is too long".into());
@@ -107,19 +136,105 @@ pub fn connect(starter: PastaStarter, setup: &NetworkSetup, log: &str) -> Result
     wait_until_ready(starter.pid, &setup.forwarded_ports)
 }
 
+/// Makes a user namespace of `owner` (uid, gid) holding a new network namespace, in a child
+/// that becomes `owner` first, maps itself to root there and then waits to die with us; moves
+/// this (root) process into that network namespace. Returns the child's pid, by which pasta
+/// joins both. Call while single-threaded (it forks).
+fn enter_namespace_held_by(owner: (u32, u32)) -> Result<Pid, String> {
+    let (ready_read, ready_write) =
+        nix::unistd::pipe().map_err(|e| format!("cannot make a pipe: {e}"))?;
+    let parent = nix::unistd::getpid();
+    // SAFETY: the starter is single-threaded; the child only changes its own credentials and
+    // namespaces, writes a byte and waits to be killed.
+    let holder = match unsafe { fork() }.map_err(|e| format!("cannot fork: {e}"))? {
+        ForkResult::Child => {
+            drop(ready_read);
+            // Nothing of the starter's stays open here but stderr (the log) and the pipe.
+            let _ = detach_stdio();
+            let _ = dup2(ready_write.as_raw_fd(), 3);
+            std::mem::forget(ready_write);
+            // SAFETY: close_range only closes descriptors; none above 3 is used from here on.
+            unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
+            // SAFETY: descriptor 3 is the pipe just placed there, owned by nothing else now.
+            let ready_write = unsafe { OwnedFd::from_raw_fd(3) };
+            let outcome = hold_namespace(owner, parent);
+            let byte: &[u8] = if outcome.is_ok() { b"1" } else { b"0" };
+            let _ = nix::unistd::write(&ready_write, byte);
+            if let Err(e) = outcome {
+                eprintln!("{}: network namespace holder: {e}", crate::program());
+                // SAFETY: _exit ends the forked child without the parent's destructors.
+                unsafe { libc::_exit(1) }
+            }
+            drop(ready_write);
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(ready_write);
+    let mut byte = [0u8; 1];
+    let read = nix::unistd::read(ready_read.as_raw_fd(), &mut byte);
+    if read != Ok(1) || byte[0] != b'1' {
+        let _ = waitpid(holder, None);
+        return Err("cannot make the sandbox's network namespace (see the log)".into());
+    }
+    let netns = File::open(format!("/proc/{holder}/ns/net"))
+        .map_err(|e| format!("cannot open the sandbox's network namespace: {e}"))?;
+    setns(netns, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot enter the sandbox's network namespace: {e}"))?;
+    Ok(holder)
+}
+
+/// The holder's side: tied to the starter's life, becomes `owner`, makes the user and
+/// network namespaces and maps itself to root in the former.
+fn hold_namespace(owner: (u32, u32), parent: Pid) -> Result<(), String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| format!("cannot tie to the starter: {e}"))?;
+    if nix::unistd::getppid() != parent {
+        return Err("the starter is gone".into());
+    }
+    let (uid, gid) = owner;
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setgid(nix::unistd::Gid::from_raw(gid)).map_err(|e| format!("setgid: {e}"))?;
+    nix::unistd::setuid(nix::unistd::Uid::from_raw(uid)).map_err(|e| format!("setuid: {e}"))?;
+    // setuid made us non-dumpable, which leaves /proc/self/* root's: our own maps below, and
+    // pasta (as `owner`) opening /proc/<us>/ns/*, need them ours.
+    nix::sys::prctl::set_dumpable(true).map_err(|e| format!("cannot be dumpable: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot make the user and network namespaces: {e}"))?;
+    for (file, text) in [
+        ("/proc/self/setgroups", "deny".to_string()),
+        ("/proc/self/uid_map", format!("0 {uid} 1\n")),
+        ("/proc/self/gid_map", format!("0 {gid} 1\n")),
+    ] {
+        std::fs::write(file, text).map_err(|e| format!("cannot write {file}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Points stdin and stdout at `/dev/null`: in the bwrap launcher they are the agent's
+/// channel, in the VM runner the guest console, and no child of the starter may hold them.
+fn detach_stdio() -> Result<(), String> {
+    let null = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    for fd in [0, 1] {
+        dup2(null.as_raw_fd(), fd)
+            .map_err(|e| format!("cannot detach from the agent's channel: {e}"))?;
+    }
+    Ok(())
+}
+
 /// The starter's side: detaches from the agent's channel, waits for its command line
 /// (`log NUL uid:gid-or-empty NUL pasta NUL args...`) and execs pasta. Returns only on
 /// failure.
 fn become_pasta(socket: OwnedFd) -> String {
     // stdin and stdout are the agent's channel: pasta must never hold them.
-    let null = match File::options().read(true).write(true).open("/dev/null") {
-        Ok(null) => null,
-        Err(e) => return format!("cannot open /dev/null: {e}"),
-    };
-    for fd in [0, 1] {
-        if let Err(e) = dup2(null.as_raw_fd(), fd) {
-            return format!("cannot detach pasta from the agent's channel: {e}");
-        }
+    if let Err(e) = detach_stdio() {
+        return format!("pasta: {e}");
     }
     let mut buffer = vec![0u8; MAX_ARGV];
     let mut iov = [IoSliceMut::new(&mut buffer)];
@@ -195,7 +310,7 @@ impl DnsProxy {
             ForkResult::Child => {
                 drop(ours);
                 let error = become_dns_proxy(theirs, parent, setup);
-                eprintln!("sandbox-bwrap-launch: dns: {error}");
+                eprintln!("{}: dns: {error}", crate::program());
                 // SAFETY: _exit ends the forked child without the parent's destructors.
                 unsafe { libc::_exit(1) }
             }
@@ -267,16 +382,9 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     let _ = nix::sys::prctl::set_dumpable(false);
     let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(DNS_PROXY_NAME).unwrap_or_default());
     // stdin and stdout are the agent's channel: never ours.
-    let null = match File::options().read(true).write(true).open("/dev/null") {
-        Ok(null) => null,
-        Err(e) => return format!("cannot open /dev/null: {e}"),
-    };
-    for fd in [0, 1] {
-        if let Err(e) = dup2(null.as_raw_fd(), fd) {
-            return format!("cannot detach from the agent's channel: {e}");
-        }
+    if let Err(e) = detach_stdio() {
+        return e;
     }
-    drop(null);
     // Nothing else of the launcher's (pasta's starter, the layers) stays open here.
     if let Err(e) = dup2(socket.as_raw_fd(), 3) {
         return format!("cannot keep the launcher's socket: {e}");

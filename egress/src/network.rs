@@ -1,8 +1,9 @@
-//! Egress for a bwrap sandbox with `network: true`: a network namespace of its own (made by
-//! the launcher inside the sandbox's user namespace), reached through `pasta` (Debian's
-//! `passt`: user-mode networking over the host's sockets, no privilege), with the egress
-//! policy as nftables rules inside that namespace, loaded before the sandbox starts. The
-//! sandbox cannot change them: its agent drops CAP_NET_ADMIN before serving.
+//! Egress for a sandbox with `network: true`: a network namespace of its own (made by its
+//! starter, the bwrap launcher or the VM runner, inside the sandbox's user namespace),
+//! reached through `pasta` (Debian's `passt`: user-mode networking over the host's sockets,
+//! no privilege), with the egress policy as nftables rules inside that namespace, loaded
+//! before the sandbox starts. The sandbox cannot change them: its agent drops CAP_NET_ADMIN
+//! before serving (and a microVM's guest has its own kernel: the rules are the runner's).
 //!
 //! Why pasta and rules in the namespace: pasta forwards whatever the namespace sends, so the
 //! judge must sit on the namespace's side; nftables there is the kernel's own filter, refuses
@@ -17,10 +18,12 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use ipnet::IpNet;
-use sandbox_core::network::{default_denied, Egress};
 use serde::{Deserialize, Serialize};
+
+use crate::policy::{default_denied, Egress};
 
 /// The resolver address a sandbox sees (its queries to any address go to the proxy).
 pub const DNS_FORWARD: &str = "169.254.1.53";
@@ -251,6 +254,100 @@ fn accept(rules: &mut String, nets: &[IpNet]) {
     }
 }
 
+/// What giving sandboxes egress needs on this host, found once when a backend starts.
+#[derive(Debug, Clone, Default)]
+pub struct HostTools {
+    pub pasta: Option<PathBuf>,
+    pub nft: Option<PathBuf>,
+    /// The host's own addresses, denied to every sandbox.
+    pub host_addrs: Vec<IpAddr>,
+}
+
+impl HostTools {
+    /// `pasta` and `nft` from `PATH`, and the host's addresses.
+    pub fn find() -> Self {
+        HostTools {
+            pasta: find_in_path("pasta"),
+            nft: find_in_path("nft"),
+            host_addrs: host_addresses(),
+        }
+    }
+
+    /// Why `network: true` cannot be served here, if it cannot.
+    pub fn unavailable(&self) -> Option<&'static str> {
+        if self.pasta.is_none() {
+            Some("`pasta` is not installed (Debian package `passt`)")
+        } else if self.nft.is_none() {
+            Some("`nft` is not installed (Debian package `nftables`)")
+        } else if std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .is_err()
+        {
+            Some("pasta cannot open /dev/net/tun as the adapter's user (Debian's default mode is 0666)")
+        } else {
+            None
+        }
+    }
+
+    /// What `adapter::info` says of a backend's network: `namespace` (what a sandbox's
+    /// namespace is there), the egress in force (its rules loaded in `rules_in`) or why there
+    /// is none, the resolver proxy, and the features (`network-policy`, `network-names`).
+    pub fn describe(&self, namespace: &str, rules_in: &str) -> serde_json::Value {
+        let unavailable = self.unavailable();
+        serde_json::json!({
+            "namespace": namespace,
+            "egress": unavailable.map_or_else(
+                || format!("pasta with the egress policy (nftables in {rules_in})"),
+                |why| format!("unavailable: {why}"),
+            ),
+            "dns": "every query (udp/tcp 53, any server) answered by the sandbox's resolver proxy, which judges host names in network_allow / network_deny by the addresses it resolved",
+            "features": if unavailable.is_none() { vec!["network-policy", "network-names"] } else { vec![] },
+        })
+    }
+
+    /// The starter's instructions for `egress` (see [`NetworkSetup::new`]), or why there
+    /// are none: a sandbox never falls back to the host's network.
+    pub fn setup(
+        &self,
+        egress: &Egress,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<NetworkSetup, String> {
+        if let Some(why) = self.unavailable() {
+            return Err(format!(
+                "network egress needs the egress policy and {why}; a sandbox never falls back to the host's network"
+            ));
+        }
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        Ok(NetworkSetup::new(
+            path(&self.nft),
+            path(&self.pasta),
+            egress,
+            &self.host_addrs,
+            run_as,
+        ))
+    }
+}
+
+/// What a sandbox with egress reads at `/etc/resolv.conf`.
+pub fn resolv_conf() -> String {
+    format!("nameserver {DNS_FORWARD}\n")
+}
+
+/// The first `program` on `PATH`.
+pub fn find_in_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
 /// The host's own addresses, which no sandbox may use to reach the host's services.
 pub fn host_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
@@ -275,8 +372,7 @@ mod tests {
     use super::*;
 
     fn egress(allow: &[&str], deny: &[&str], bus: Option<&str>) -> Egress {
-        let list =
-            |l: &[&str]| sandbox_core::network::parse_list("k", &serde_json::json!(l)).unwrap();
+        let list = |l: &[&str]| crate::policy::parse_list("k", &serde_json::json!(l)).unwrap();
         Egress {
             allow: list(allow),
             deny: list(deny),
@@ -313,7 +409,7 @@ mod tests {
             .collect();
         assert_eq!(servers, want);
         let mut policy = egress(&["a.test"], &["*.b.test"], None);
-        policy.dns = sandbox_core::network::Upstreams(vec!["127.0.0.1:5353".parse().unwrap()]);
+        policy.dns = crate::policy::Upstreams(vec!["127.0.0.1:5353".parse().unwrap()]);
         let dns = DnsSetup::new(&policy);
         assert_eq!(
             dns.upstream,

@@ -1,0 +1,26 @@
+//! A sandbox's network, shared by every backend: the egress policy and its configuration
+//! rules ([`policy`], read by sandbox-core), what a sandbox's starter needs to give it a
+//! network namespace of its own ([`network`]: the nftables ruleset, pasta's arguments, the
+//! resolver proxy's set-up, computed by the adapter), and the starter's side ([`netns`]: the
+//! namespace made, the policy loaded, pasta attached; [`dns`]: the resolver proxy).
+//!
+//! Its own crate so that both starters use one implementation: the bwrap launcher
+//! (`sandbox-bwrap-launch`) and the libkrun VM runner (`sandbox-libkrun-vm`, which links
+//! neither sandbox-core nor a plugin).
+
+#![deny(unsafe_code)]
+
+pub mod dns;
+pub mod netns;
+pub mod network;
+pub mod policy;
+
+/// The starter's program name, which its children's messages begin with (they reach the
+/// sandbox's log through the starter's stderr).
+pub(crate) fn program() -> String {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "egress".into())
+}
