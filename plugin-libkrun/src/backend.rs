@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use egress::network::{resolv_conf, HostTools, NetworkSetup};
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
@@ -35,6 +36,8 @@ pub struct LibkrunBackend {
     tuning: VmTuning,
     /// How long a boot may take until its agent connects (see [`crate::agent_wait`]).
     agent_wait: Duration,
+    /// A sandbox's egress (`network: true`) needs pasta and nft; without them it is S300.
+    egress_tools: HostTools,
 }
 
 impl LibkrunBackend {
@@ -49,6 +52,7 @@ impl LibkrunBackend {
             runner,
             tuning: VmTuning::get(),
             agent_wait: crate::agent_wait::from_env(),
+            egress_tools: HostTools::find(),
         }
     }
 
@@ -62,13 +66,20 @@ impl LibkrunBackend {
         &self.runner
     }
 
-    async fn boot_vm(&self, spec: &BootSpec) -> Result<Booted, BootError> {
+    async fn boot_vm(
+        &self,
+        spec: &BootSpec,
+        egress: Option<&NetworkSetup>,
+    ) -> Result<Booted, BootError> {
         if !self.runner.is_file() {
             return Err(BootError::NoRunner(self.runner.display().to_string()));
         }
         let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
         layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
-        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning)?;
+        if egress.is_some() {
+            std::fs::write(&layout.resolv_conf, resolv_conf()).map_err(BootError::Layer)?;
+        }
+        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning, egress)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
         let listener = UnixListener::bind(&layout.socket).map_err(|source| BootError::Listen {
@@ -230,14 +241,33 @@ impl Backend for LibkrunBackend {
     }
 
     fn isolation(&self) -> serde_json::Value {
+        let mut network = self.egress_tools.describe(
+            "network: false: no network device and no TSI; network: true: libkrun's TSI, whose sockets are the VM runner's own, in a network namespace of the runner's own (its loopback is not the host's)",
+            "the runner's namespace",
+        );
+        network["worker_vms"] = "the bus forward over vsock only (never TSI)".into();
         serde_json::json!({
             "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
-            "network": "none for sandboxes; a worker VM's bus forward over vsock only (never TSI)",
+            "network": network,
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
                 "worker_layers": "a directory of the worker's layer on the host: persistent, NOT bounded yet",
             },
         })
+    }
+
+    fn death_note(&self, layer_dir: &Path) -> String {
+        // A VM that ended under a running sandbox with no status from its init was reset,
+        // halted or panicked: say so, with the logs that tell which.
+        let layout = Layout::new(layer_dir, false);
+        if !stopped_without_guest_status(&layout.runner_log) {
+            return String::new();
+        }
+        format!(
+            "; the microVM stopped without a status from the guest (a reset, a halt, a triple \
+             fault or a kernel panic){}",
+            log_tails(&layout.runner_log, &layout.console_log)
+        )
     }
 
     fn boot_logs(&self, layer_dir: &Path) -> String {
@@ -247,10 +277,10 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
-        refuse_egress(spec)?;
+        let egress = self.egress_for(spec)?;
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;
-        match self.boot_vm(spec).await {
+        match self.boot_vm(spec, egress.as_ref()).await {
             Err(
                 first @ BootError::Exited {
                     no_guest_status: true,
@@ -265,7 +295,7 @@ impl Backend for LibkrunBackend {
                         "{first}; and the layer could not be reset for a retry: {e}"
                     ))
                 })?;
-                self.boot_vm(spec).await.map_err(|second| {
+                self.boot_vm(spec, egress.as_ref()).await.map_err(|second| {
                     SandboxError::BootFailed(format!("{second} (a second boot, after: {first})"))
                 })
             }
@@ -274,33 +304,43 @@ impl Backend for LibkrunBackend {
     }
 }
 
-/// libkrun's TSI maps a guest's `connect()` onto the host's own sockets, the host's loopback
-/// (and so the engine) included, and no egress policy can judge it: no VM gets TSI. A
-/// sandbox asking for network is refused rather than given the host's network; a worker VM
-/// gets exactly one way out, the bus, forwarded over vsock (see [`crate::bus`]), which needs
-/// the engine on the host's loopback (Compose's own layout).
-fn refuse_egress(spec: &BootSpec) -> Result<(), SandboxError> {
-    if !spec.network {
-        return Ok(());
+impl LibkrunBackend {
+    /// What judges `spec`'s network, if it has one. libkrun's TSI turns a guest's sockets
+    /// into the runner's own, so a sandbox asking for network gets TSI only with its runner in
+    /// a network namespace of its own, behind the egress policy (the `egress` crate, as on
+    /// bwrap); where that cannot be had it is refused, never given the host's network. A
+    /// worker VM gets exactly one way out instead, the bus, forwarded over vsock (see
+    /// [`crate::bus`]), which needs the engine on the host's loopback (Compose's own layout).
+    fn egress_for(&self, spec: &BootSpec) -> Result<Option<NetworkSetup>, SandboxError> {
+        if !spec.network {
+            return Ok(None);
+        }
+        if spec.persistent_layer {
+            return match spec.egress.bus {
+                Some(bus) if bus.ip().is_loopback() => Ok(None),
+                Some(bus) => Err(SandboxError::BootFailed(format!(
+                    "worker VMs on the libkrun plugin reach the engine only on the host's loopback \
+                     (forwarded over vsock), and III_URL names {bus}; run the engine on this host \
+                     or use the bwrap plugin"
+                ))),
+                None => Err(SandboxError::BootFailed(
+                    "worker VMs on the libkrun plugin need the engine's address (III_URL) to forward \
+                     the bus"
+                        .into(),
+                )),
+            };
+        }
+        // pasta never runs as host root: a root runner's network namespace belongs to the
+        // adapter's subordinate ids, which pasta runs as; an ordinary user's runner owns its
+        // own namespaces, and pasta keeps that user's ids.
+        let run_as = nix::unistd::geteuid()
+            .is_root()
+            .then(sandbox_core::subordinate::root_bases);
+        self.egress_tools
+            .setup(&spec.egress, run_as)
+            .map(Some)
+            .map_err(SandboxError::BootFailed)
     }
-    if spec.persistent_layer {
-        return match spec.egress.bus {
-            Some(bus) if bus.ip().is_loopback() => Ok(()),
-            Some(bus) => Err(SandboxError::BootFailed(format!(
-                "worker VMs on the libkrun plugin reach the engine only on the host's loopback \
-                 (forwarded over vsock), and III_URL names {bus}; run the engine on this host \
-                 or use the bwrap plugin"
-            ))),
-            None => Err(SandboxError::BootFailed(
-                "worker VMs on the libkrun plugin need the engine's address (III_URL) to forward \
-                 the bus"
-                    .into(),
-            )),
-        };
-    }
-    Err(SandboxError::BootFailed(
-        "network egress is not served by the libkrun plugin yet: its TSI networking would reach the host's loopback and the engine, and no egress policy can judge it; create without `network` (or use the bwrap plugin)".into(),
-    ))
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub struct Layout {
     pub spec: PathBuf,
     pub console_log: PathBuf,
     pub runner_log: PathBuf,
+    /// A sandbox with egress: its `/etc/resolv.conf` (naming the resolver proxy).
+    pub resolv_conf: PathBuf,
 }
 
 impl Layout {
@@ -44,6 +46,7 @@ impl Layout {
             spec: layer_dir.join("vm.json"),
             console_log: layer_dir.join("console.log"),
             runner_log: layer_dir.join("runner.log"),
+            resolv_conf: layer_dir.join("resolv.conf"),
         }
     }
 

@@ -7,6 +7,8 @@ use serde_json::{json, Value};
 use vm_runner::spec::{MAX_VCPUS, MIN_MEMORY_MIB};
 use vm_runner::{SpecError, VmSpec};
 
+use egress::network::NetworkSetup;
+
 use crate::bus::BUS_VSOCK_PORT;
 use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
 use sandbox_core::ops::worker::VmTuning;
@@ -37,6 +39,7 @@ pub fn build(
     spec: &BootSpec,
     layout: &Layout,
     tuning: &VmTuning,
+    egress: Option<&NetworkSetup>,
 ) -> Result<(Value, VmSpec), VmSpecError> {
     let vcpus = u8::try_from(spec.cpus)
         .ok()
@@ -77,10 +80,24 @@ pub fn build(
         "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
         // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
         "console_fd": CONSOLE_FD,
-        // Never TSI (see `bus.rs`): a sandbox asking for network is refused before this, and
-        // a worker VM's only way out is its bus forward.
+        // TSI only behind the egress policy (a sandbox with network): the runner's sockets,
+        // which TSI makes the guest's, are then in a namespace of its own where the policy
+        // judges them. A worker VM's only way out is its bus forward (see `bus.rs`).
         "network": false,
     });
+    if let Some(setup) = egress {
+        value["network"] = true.into();
+        value["egress"] = serde_json::to_value(setup).map_err(SpecError::Parse)?;
+        value["mounts"]
+            .as_array_mut()
+            .expect("mounts is an array")
+            .push(json!({
+                "kind": "bind",
+                "host_path": layout.resolv_conf,
+                "guest_path": "/etc/resolv.conf",
+                "read_only": true,
+            }));
+    }
     if let Some(port) = bus_port(spec) {
         value["vsock"]
             .as_array_mut()
@@ -199,7 +216,7 @@ mod tests {
     fn spec_runs_the_agent_over_the_overlay_root_with_the_requested_resources() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 2, 1024);
-        let (_, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
         // Never TSI, even for a spec asking for network (the backend refuses that first).
         assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, false));
         assert_eq!(vm.root, layout.root);
@@ -223,13 +240,13 @@ mod tests {
         let (spec, layout) = boot_spec(dir.path(), 1, 16);
         let tuning = VmTuning::default();
         assert_eq!(
-            build(&spec, &layout, &tuning).unwrap().1.memory_mib,
+            build(&spec, &layout, &tuning, None).unwrap().1.memory_mib,
             MIN_MEMORY_MIB
         );
         let (mut spec, layout) = (spec, layout);
         spec.cpus = 300;
         assert!(matches!(
-            build(&spec, &layout, &tuning),
+            build(&spec, &layout, &tuning, None),
             Err(VmSpecError::TooManyCpus(300))
         ));
     }
@@ -239,14 +256,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut spec, layout) = boot_spec(dir.path(), 1, 512);
         spec.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
-        let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
         assert_eq!(vm.vsock.len(), 1, "a sandbox gets no bus: {value}");
         assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
 
         spec.persistent_layer = true;
         let layout = Layout::new(&spec.layer_dir, true);
         layout.prepare(&spec.agent_path).unwrap();
-        let (value, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
         assert!(!vm.network, "no TSI for a worker VM either");
         let overlay = vm.root_overlay.as_ref().unwrap();
         assert_eq!(
@@ -280,12 +297,56 @@ mod tests {
     }
 
     #[test]
+    fn a_sandbox_with_egress_gets_tsi_only_behind_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, layout) = boot_spec(dir.path(), 1, 512);
+        std::fs::write(&layout.resolv_conf, egress::network::resolv_conf()).unwrap();
+        let host_addrs = vec!["192.0.2.1".parse().unwrap()];
+        let setup = NetworkSetup::new(
+            "/usr/sbin/nft".into(),
+            "/usr/bin/pasta".into(),
+            &spec.egress,
+            &host_addrs,
+            None,
+        );
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), Some(&setup)).unwrap();
+        assert!(vm.network, "TSI: {value}");
+        assert_eq!(vm.egress.as_ref(), Some(&setup), "{value}");
+        assert!(
+            setup.rules.contains("192.0.2.1"),
+            "the host's own addresses are denied: {}",
+            setup.rules
+        );
+        let resolv = vm
+            .mounts
+            .iter()
+            .find(|m| m.guest_path() == "/etc/resolv.conf")
+            .unwrap_or_else(|| panic!("the resolver file is bound: {value}"));
+        assert!(
+            matches!(
+                resolv,
+                vm_runner::spec::GuestMount::Bind {
+                    read_only: true,
+                    ..
+                }
+            ),
+            "{value}"
+        );
+
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
+        assert!(
+            !vm.network && vm.egress.is_none(),
+            "no TSI without: {value}"
+        );
+    }
+
+    #[test]
     fn a_worker_vm_gets_the_tuning_and_the_runner_makes_its_calls() {
         use vm_runner::launch::{krun_calls, KrunCall};
         let dir = tempfile::tempdir().unwrap();
         let (mut spec, layout) = boot_spec(dir.path(), 2, 1024);
         spec.persistent_layer = true;
-        let (value, vm) = build(&spec, &layout, &tuned()).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None).unwrap();
         assert!(vm.nested_virt);
         assert_eq!(vm.virtiofs_shm_size_mib, 256);
         assert_eq!(vm.nofile_limit, Some(4096));
@@ -305,7 +366,7 @@ mod tests {
             nofile_limit: None,
             ..VmTuning::default()
         };
-        let (_, vm) = build(&spec, &layout, &quiet).unwrap();
+        let (_, vm) = build(&spec, &layout, &quiet, None).unwrap();
         assert_eq!(vm.nofile_limit, None);
         assert!(!krun_calls(&vm)
             .iter()
@@ -317,7 +378,7 @@ mod tests {
         use vm_runner::launch::{krun_calls, KrunCall};
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 1, 512);
-        let (value, vm) = build(&spec, &layout, &tuned()).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None).unwrap();
         for field in ["nested_virt", "virtiofs_shm_size_mib", "nofile_limit"] {
             assert!(value.get(field).is_none(), "{field}: {value}");
         }
@@ -355,7 +416,7 @@ mod tests {
             }),
         ];
         spec.persistent_layer = true;
-        let (_, vm) = build(&spec, &layout, &VmTuning::default()).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
         assert_eq!(
             vm.mounts,
             vec![
@@ -390,7 +451,7 @@ mod tests {
             read_only: false,
         }];
         assert!(matches!(
-            build(&spec, &layout, &VmTuning::default()),
+            build(&spec, &layout, &VmTuning::default(), None),
             Err(VmSpecError::Invalid(SpecError::BadMountPath { .. }))
         ));
     }

@@ -55,6 +55,9 @@ fn c_string(call: &'static str, text: &str) -> Result<CString, KrunError> {
     CString::new(text).map_err(|source| KrunError::Nul { call, source })
 }
 
+/// `KRUN_TSI_HIJACK_INET` of libkrun's C API (`krun_add_vsock`'s `tsi_features`).
+const TSI_HIJACK_INET: u32 = 1 << 0;
+
 /// One libkrun configuration context.
 pub struct Context {
     id: u32,
@@ -155,11 +158,25 @@ impl Context {
     /// Replaces libkrun's implicit vsock device (which hijacks the guest's inet sockets
     /// through TSI) with one that only carries the explicitly bridged ports.
     pub fn disable_networking(&self) -> Result<(), KrunError> {
+        self.explicit_vsock(0)
+    }
+
+    /// Replaces libkrun's implicit vsock device with one whose TSI hijacks the guest's inet
+    /// sockets only: never its unix sockets (`KRUN_TSI_HIJACK_UNIX` would let the guest reach
+    /// the runner's unix sockets by path), whatever a later libkrun's default.
+    pub fn tsi_inet_only(&self) -> Result<(), KrunError> {
+        self.explicit_vsock(TSI_HIJACK_INET)
+    }
+
+    fn explicit_vsock(&self, tsi_features: u32) -> Result<(), KrunError> {
         check(
             "krun_disable_implicit_vsock",
             krun::krun_disable_implicit_vsock(self.id),
         )?;
-        check("krun_add_vsock", krun::krun_add_vsock(self.id, 0))
+        check(
+            "krun_add_vsock",
+            krun::krun_add_vsock(self.id, tsi_features),
+        )
     }
 
     /// Bridges a guest vsock port to a host unix socket. With `guest_listens`, libkrun

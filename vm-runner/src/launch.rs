@@ -30,6 +30,8 @@ pub enum LaunchError {
     DeathSignal(std::io::Error),
     #[error("console_fd {0} is not an open descriptor of ours: {1}")]
     ConsoleFd(i32, std::io::Error),
+    #[error("the guest's network: {0}")]
+    Egress(String),
 }
 
 /// Checks that the inherited console descriptor is open, and marks one above stderr
@@ -87,6 +89,9 @@ pub enum KrunCall {
     },
     /// `krun_disable_implicit_vsock` then `krun_add_vsock(0)`: no TSI.
     DisableNetworking,
+    /// `krun_disable_implicit_vsock` then `krun_add_vsock(KRUN_TSI_HIJACK_INET)`: TSI for the
+    /// guest's inet sockets, never its unix ones.
+    TsiInetOnly,
     /// `krun_add_vsock_port2`.
     VsockPort {
         port: u32,
@@ -119,9 +124,11 @@ pub fn krun_calls(spec: &VmSpec) -> Vec<KrunCall> {
             read_only: share.read_only,
         });
     }
-    if !spec.network {
-        calls.push(KrunCall::DisableNetworking);
-    }
+    calls.push(if spec.network {
+        KrunCall::TsiInetOnly
+    } else {
+        KrunCall::DisableNetworking
+    });
     for bridge in &spec.vsock {
         calls.push(KrunCall::VsockPort {
             port: bridge.port,
@@ -156,6 +163,7 @@ fn make(ctx: &Context, call: &KrunCall) -> Result<(), KrunError> {
             read_only,
         } => ctx.add_virtiofs(tag, path, *shm_bytes, *read_only),
         KrunCall::DisableNetworking => ctx.disable_networking(),
+        KrunCall::TsiInetOnly => ctx.tsi_inet_only(),
         KrunCall::VsockPort {
             port,
             socket,
@@ -174,16 +182,39 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     }
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
+    // pasta must run with the host's network and ids: its starter is forked before this
+    // process enters any namespace of its own.
+    let pasta = match &spec.egress {
+        Some(_) => Some(
+            egress::netns::PastaStarter::fork()
+                .map_err(|e| LaunchError::Egress(format!("cannot fork pasta's starter: {e}")))?,
+        ),
+        None => None,
+    };
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
     // The overlay first, then the extra mounts inside it; all of it is seen by this process
-    // (and so by libkrun's virtio-fs server) only.
-    if spec.root_overlay.is_some() || !spec.mounts.is_empty() {
+    // (and so by libkrun's virtio-fs server) only. An ordinary user's runner needs its own
+    // user namespace for the network namespace too.
+    if spec.root_overlay.is_some() || !spec.mounts.is_empty() || spec.egress.is_some() {
         overlay::enter_private_namespace()?;
     }
     if let Some(root_overlay) = &spec.root_overlay {
         overlay::mount(&spec.root, root_overlay)?;
     }
     guest_mounts::apply(&spec.root, &spec.mounts)?;
+    // TSI makes the guest's sockets ours: from here on they are judged by the policy of a
+    // network namespace of our own (loopback is ours, not the host's), where pasta is the
+    // only way out. Still single-threaded, as the resolver proxy's fork needs.
+    // A root runner (`run_as`: the unprivileged ids pasta runs as) has its namespace belong
+    // to those ids, so pasta never runs as root; an ordinary user's runner owns its own.
+    if let (Some(setup), Some(pasta)) = (&spec.egress, pasta) {
+        let log = "/proc/self/fd/2";
+        match setup.run_as {
+            Some(owner) => egress::netns::connect_owned_by(pasta, setup, log, owner),
+            None => egress::netns::connect(pasta, setup, log),
+        }
+        .map_err(LaunchError::Egress)?;
+    }
 
     // Every end of the VM then says in runner.log whether the guest reported a status.
     let filter = std::env::var(crate::krun::LOG_FILTER_ENV)
@@ -251,6 +282,10 @@ mod tests {
         })));
         assert!(calls.contains(&KrunCall::NestedVirt));
         assert!(!calls.contains(&KrunCall::DisableNetworking));
+        assert!(
+            calls.contains(&KrunCall::TsiInetOnly),
+            "network: TSI for inet sockets only"
+        );
         let shares: Vec<u64> = calls
             .iter()
             .filter_map(|c| match c {

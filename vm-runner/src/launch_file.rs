@@ -83,6 +83,7 @@ mod tests {
             console_log: None,
             console_fd: None,
             network: false,
+            egress: None,
             nested_virt: false,
             virtiofs_shm_size_mib: 0,
             nofile_limit: None,

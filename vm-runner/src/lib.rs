@@ -35,7 +35,10 @@
 //! the guest through a launch file read by a static init shim (`guest/vm-init.c`) that
 //! libkrun's own init starts, never through the kernel command line. `network: false`
 //! (default) removes libkrun's TSI, so the guest has only its own loopback; vsock bridges
-//! still work. `console_fd` (instead of `console_log`; 1 is our stdout) sends the guest
+//! still work. With `network: true`, `egress` (an `egress::network::NetworkSetup`: the
+//! nftables ruleset, pasta's arguments, the resolver proxy's set-up) puts the runner, whose
+//! sockets TSI makes the guest's, in a network namespace of its own behind that policy before
+//! the VM boots; without it TSI uses the namespace the runner was started in. `console_fd` (instead of `console_log`; 1 is our stdout) sends the guest
 //! console to a descriptor we inherit, e.g. a pipe our parent reads and keeps within a bound. The guest gets `PATH` and `HOME=/root` unless `env` sets them. The last three
 //! fields are worker VMs' tuning (`III_VM_*`): VMX/SVM for the guest, a DAX window per share,
 //! and the guest's open-file limit, set by libkrun's init before ours starts. There is no

@@ -156,6 +156,13 @@ pub struct VmSpec {
     /// Networking (libkrun's TSI): off unless asked.
     #[serde(default)]
     pub network: bool,
+    /// With `network`: the egress policy TSI's sockets are judged by. TSI turns the guest's
+    /// sockets into this process's own, so the runner first moves into a network namespace of
+    /// its own with this policy loaded, its resolver proxy and pasta attached (the `egress`
+    /// crate, as the bwrap launcher does). Without it, `network` is the runner's own
+    /// namespace as it was started (the boot tests' host loopback check).
+    #[serde(default)]
+    pub egress: Option<egress::network::NetworkSetup>,
     /// Nested virtualisation (`krun_set_nested_virt`): on x86_64 the guest's CPUID offers
     /// VMX/SVM when the host's KVM has them; libkrun 1.19.7 ignores it on Linux aarch64.
     #[serde(default)]
@@ -217,6 +224,8 @@ pub enum SpecError {
     TwoConsoles,
     #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
     NofileLimit,
+    #[error("egress judges the guest's network: it needs network: true")]
+    EgressWithoutNetwork,
     #[error("root_overlay size_mib {0} must be at least 1")]
     DiskSize(u32),
     #[error("root_overlay with size_mib: upper and work must be two directories in one existing directory (the tmpfs's mount point)")]
@@ -301,6 +310,9 @@ impl VmSpec {
         }
         if self.nofile_limit == Some(0) {
             return Err(SpecError::NofileLimit);
+        }
+        if self.egress.is_some() && !self.network {
+            return Err(SpecError::EgressWithoutNetwork);
         }
         if let Some(fd) = self.console_fd {
             if fd != 1 && fd < 3 {
@@ -613,6 +625,12 @@ mod tests {
         let mut v = base(dir.path());
         v["nofile_limit"] = json!(0);
         assert!(matches!(check(v), Err(SpecError::NofileLimit)));
+        let mut v = base(dir.path());
+        v["egress"] = json!({"nft": "nft", "rules": "", "pasta": "pasta", "pasta_args": [],
+            "forwarded_ports": [], "run_as": null,
+            "dns": {"upstream": [], "allow_names": [], "deny_names": [],
+                "names_within_defaults": false}});
+        assert!(matches!(check(v), Err(SpecError::EgressWithoutNetwork)));
         let mut v = base(dir.path());
         v["hyperthreading"] = json!(true);
         assert!(

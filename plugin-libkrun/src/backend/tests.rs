@@ -33,7 +33,11 @@ async fn runner_failure_reports_the_status_and_the_log_tails() {
 echo "guest said goodbye" > "$(dirname "$2")/console.log"
 exit 3"#,
     );
-    let text = error_text(LibkrunBackend::with_runner(runner).boot_vm(&spec).await);
+    let text = error_text(
+        LibkrunBackend::with_runner(runner)
+            .boot_vm(&spec, None)
+            .await,
+    );
     assert!(
         text.contains("exit 3: this host cannot boot microVMs"),
         "{text}"
@@ -53,7 +57,7 @@ async fn missing_runner_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let spec = test_boot_spec(dir.path());
     let backend = LibkrunBackend::with_runner(dir.path().join("nowhere"));
-    let text = error_text(backend.boot_vm(&spec).await);
+    let text = error_text(backend.boot_vm(&spec, None).await);
     assert!(
         text.contains("nowhere") && text.contains(RUNNER_ENV),
         "{text}"
@@ -88,7 +92,7 @@ time.sleep(600)
         ),
     );
     let backend = LibkrunBackend::with_runner(runner);
-    let mut booted = backend.boot_vm(&spec).await.unwrap();
+    let mut booted = backend.boot_vm(&spec, None).await.unwrap();
     let expected = b"[\"--confine\", \"--vsock-port\", \"1024\"]\n";
     let mut line = vec![0u8; expected.len()];
     booted.reader.read_exact(&mut line).await.unwrap();
@@ -128,7 +132,7 @@ async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
     );
     let backend = LibkrunBackend::with_runner(runner);
     for boot in 1..=2 {
-        let text = error_text(backend.boot_vm(&spec).await);
+        let text = error_text(backend.boot_vm(&spec, None).await);
         assert!(text.contains("exit 3"), "boot {boot}: {text}");
     }
     let seen: serde_json::Value =
@@ -141,5 +145,77 @@ async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
     assert_eq!(
         boots, "booted\nbooted\n",
         "the upper layer is kept across boots"
+    );
+}
+
+#[test]
+fn a_vm_that_ended_without_a_guest_status_says_so_in_the_death_cause() {
+    let layer = tempfile::tempdir().unwrap();
+    let backend = LibkrunBackend::with_runner(layer.path().join("unused"));
+    assert_eq!(
+        backend.death_note(layer.path()),
+        "",
+        "no log: nothing to add"
+    );
+    std::fs::write(
+        layer.path().join("runner.log"),
+        "[krun_vmm] Received KVM_EXIT_SHUTDOWN\n[krun_vmm] using vcpu exit code: 0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        layer.path().join("console.log"),
+        "Kernel panic - not syncing\n",
+    )
+    .unwrap();
+    let note = backend.death_note(layer.path());
+    assert!(note.contains("without a status from the guest"), "{note}");
+    assert!(
+        note.contains("runner log tail: [krun_vmm] Received KVM_EXIT_SHUTDOWN"),
+        "{note}"
+    );
+    assert!(note.contains("console log tail: Kernel panic"), "{note}");
+}
+
+#[test]
+fn network_is_given_behind_the_policy_or_refused_never_the_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = BootSpec {
+        network: true,
+        ..test_boot_spec(dir.path())
+    };
+    let mut backend = LibkrunBackend::with_runner(dir.path().join("runner"));
+    backend.egress_tools = HostTools {
+        pasta: Some("/usr/bin/pasta".into()),
+        nft: Some("/usr/sbin/nft".into()),
+        host_addrs: vec!["192.0.2.1".parse().unwrap()],
+    };
+    if backend.egress_tools.unavailable().is_none() {
+        let setup = backend
+            .egress_for(&spec)
+            .unwrap()
+            .expect("a sandbox's egress");
+        assert!(setup.rules.contains("192.0.2.1"), "{}", setup.rules);
+        assert_eq!(
+            setup.run_as.is_some(),
+            nix::unistd::geteuid().is_root(),
+            "pasta runs as the subordinate ids exactly when the runner is root"
+        );
+    }
+    backend.egress_tools = HostTools::default();
+    let refused = backend.egress_for(&spec).unwrap_err().to_string();
+    assert!(refused.contains("pasta"), "{refused}");
+    assert!(refused.contains("never falls back"), "{refused}");
+    let plain = BootSpec {
+        network: false,
+        ..test_boot_spec(dir.path())
+    };
+    assert!(backend.egress_for(&plain).unwrap().is_none());
+    let worker = BootSpec {
+        persistent_layer: true,
+        ..spec
+    };
+    assert!(
+        backend.egress_for(&worker).is_err(),
+        "a worker VM without a loopback engine gets no way out"
     );
 }
