@@ -15,6 +15,9 @@ command -v unshare >/dev/null || need+=(util-linux)
 command -v pasta >/dev/null || need+=(passt)
 command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
+# An ordinary-user adapter maps the sandbox's ids 1..65535 onto the user's subordinate range
+# (/etc/subuid, /etc/subgid) through the setuid newuidmap/newgidmap.
+command -v newuidmap >/dev/null || need+=(uidmap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[install-deps] installing ${need[*]} (bookworm)"
   apt-get update -qq

@@ -57,7 +57,9 @@ fi
 KVER=$(ls "$KDIR/lib/modules" | head -1)
 
 # --- 2. initramfs: static busybox, the module closure, our init ---------------------------
-MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay"
+# tun, nftables and veth: a microVM sandbox's egress (pasta, the policy) and the network
+# test's own namespaces; the host's modprobe cannot load the lab kernel's modules later.
+MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay tun veth dummy crc32c_generic nf_tables nft_chain_nat nft_redir nft_ct nft_reject_inet"
 read -r -d '' GUEST_INIT <<'INIT' || true
 #!/bin/sh
 export PATH=/bin
@@ -65,12 +67,17 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 # The initramfs has no /dev/console, so the kernel could not give us stdio: take it now.
 exec </dev/console >/dev/console 2>&1
 for m in __MODULES__; do modprobe "$m" || echo "vm-lab guest: modprobe $m failed"; done
+# Debian's udev rules give /dev/net/tun mode 0666 (pasta opens it as an ordinary user); there
+# is no udev here.
+[ -c /dev/net/tun ] && chmod 0666 /dev/net/tun
 ip link set lo up
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /scratch
 R=/mnt/root
 mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose hostroot $R
 mount --rbind /dev $R/dev; mount -t proc proc $R/proc; mount -t sysfs sys $R/sys
 mount -t tmpfs tmpfs $R/tmp; mkdir -p $R/tmp/vm-lab $R/dev/shm $R/dev/pts
+# The host's /run describes the host's processes; the lab's is its own (ip netns writes there).
+mount -t tmpfs tmpfs $R/run
 mount --bind /scratch $R/tmp/vm-lab; mount -t tmpfs tmpfs $R/dev/shm
 mount -t devpts devpts $R/dev/pts 2>/dev/null
 if [ -c /dev/kvm ]; then

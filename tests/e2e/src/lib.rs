@@ -21,6 +21,20 @@ pub const PREFIX: &str = "sandbox-libkrun";
 /// Per-call timeout of the test client; generous, since the machines are shared.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// [`CALL_TIMEOUT`], or longer where a libkrun boot may take longer: a create must outlast
+/// two boots of `SANDBOX_LIBKRUN_BOOT_TIMEOUT_SECS` (the backend boots once more after a
+/// guest reset) and a pull. The VM lab waits 180 s a boot; a lab run saw a create on a loaded
+/// lab outlast the 120 s and fail the test with the client's timeout, not the adapter's answer.
+pub fn call_timeout() -> Duration {
+    let boot = std::env::var("SANDBOX_LIBKRUN_BOOT_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    CALL_TIMEOUT.max(Duration::from_secs(
+        boot.saturating_mul(2).saturating_add(60),
+    ))
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -448,7 +462,7 @@ impl Stack {
     /// Calls `sandbox-libkrun::<suffix>`.
     pub async fn call(&self, suffix: &str, payload: Value) -> Result<Value, RemoteError> {
         self.client
-            .invoke(&format!("{PREFIX}::{suffix}"), payload, CALL_TIMEOUT)
+            .invoke(&format!("{PREFIX}::{suffix}"), payload, call_timeout())
             .await
     }
 }

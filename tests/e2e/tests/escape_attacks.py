@@ -128,9 +128,10 @@ if platform.machine() == "x86_64":
     seen = os.path.exists(f"/proc/{adapter_pid}/cmdline") and b"sandbox-libkrun" in open(f"/proc/{adapter_pid}/cmdline", "rb").read()
     report("ptrace-adapter", rc == 0 or seen, f"rc={rc} errno={errno.errorcode.get(err, err)}")
 
-# 7. A setuid-root binary gains nothing (no_new_privs): only where a second uid exists.
+# 7. A setuid-root binary gains nothing (no_new_privs): only where a second uid exists (an
+# ordinary user's map is two lines: its own id as root, then its subordinate range).
 with open("/proc/self/uid_map") as f:
-    mapped = int(f.read().split()[2])
+    mapped = sum(int(line.split()[2]) for line in f if line.strip())
 if mapped > 1:
     import shutil
     shutil.copy("/bin/busybox", "/tmp/suid-busybox")
@@ -147,7 +148,7 @@ if mapped > 1:
     euid = os.read(r, 100).decode().strip()
     report("setuid", euid == "0", "a setuid-root binary ran as uid " + euid)
 else:
-    print("setuid DID NOT RUN: only one id is mapped in this sandbox (ordinary-user adapter)")
+    print("setuid DID NOT RUN: only one id is mapped in this sandbox (an ordinary user without subordinate ids)")
 
 # 8. Capabilities: none of the host's (CAP_SYS_ADMIN, bit 21, is gone even inside).
 with open("/proc/self/status") as f:

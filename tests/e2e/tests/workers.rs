@@ -242,6 +242,81 @@ async fn a_worker_runs_stops_and_keeps_its_state_and_root_across_starts() {
     worker_ok(&stack, "stop", json!({"vm_id": "api", "timeout_ms": 5000})).await;
 }
 
+/// A root adapter's worker writes `/state` as its subordinate ids on the host, never as host
+/// root: the setuid copy of a shell that the guest's root leaves there belongs to an id no
+/// host user holds. A `/state` written by an earlier version (owned on disk by the ids seen
+/// inside) is moved into the range at the next start and looks the same inside.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_root_adapters_worker_state_belongs_to_subordinate_ids_on_the_host() {
+    use std::os::unix::fs::MetadataExt;
+    let test = "a_root_adapters_worker_state_belongs_to_subordinate_ids_on_the_host";
+    if !bwrap_usable(test) {
+        return;
+    }
+    if e2e_tests::adapter_user().is_some() || !nix::unistd::geteuid().is_root() {
+        println!(
+            "{test}: DID NOT RUN: only a root adapter has subordinate ids (an ordinary user's \
+             guest root is that user)"
+        );
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "owned", &project.dir()).await;
+    let data = worker_dir(&stack, "owned").join("data");
+    std::fs::create_dir_all(data.join("old")).unwrap();
+    std::fs::write(data.join("old/kept"), "from an earlier version\n").unwrap();
+    std::os::unix::fs::chown(data.join("old/kept"), Some(1000), Some(1000)).unwrap();
+    let script = "stat -c 'old %u:%g' /state/old/kept; cat /state/old/kept; \
+                  cp /bin/sh /state/plant && chmod 4755 /state/plant; \
+                  stat -c 'plant %u:%g %a' /state/plant; echo done";
+    start_sh(&stack, "owned", script, json!({})).await;
+    let log = wait_log(&stack, "owned", "done", 1, LOG_WAIT).await;
+    assert!(
+        log.contains("old 1000:1000"),
+        "the moved file inside: {log}"
+    );
+    assert!(log.contains("from an earlier version"), "{log}");
+    assert!(
+        log.contains("plant 0:0 4755"),
+        "the guest's root made it: {log}"
+    );
+
+    let plant = std::fs::metadata(data.join("plant")).unwrap();
+    let top = std::fs::metadata(&data).unwrap();
+    let kept = std::fs::metadata(data.join("old/kept")).unwrap();
+    assert!(
+        plant.uid() >= 65536 && plant.gid() >= 65536,
+        "the guest root's setuid file is host {}:{}",
+        plant.uid(),
+        plant.gid()
+    );
+    assert_eq!((top.uid(), top.gid()), (plant.uid(), plant.gid()));
+    assert_eq!(
+        (kept.uid(), kept.gid()),
+        (plant.uid() + 1000, plant.gid() + 1000),
+        "the earlier file moved by the same offset"
+    );
+
+    // Moved once: a second start finds it as the guest left it.
+    worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "owned", "timeout_ms": 3000}),
+    )
+    .await;
+    start_sh(
+        &stack,
+        "owned",
+        "stat -c 'again %u:%g %a' /state/plant",
+        json!({}),
+    )
+    .await;
+    let log = wait_log(&stack, "owned", "again ", 1, LOG_WAIT).await;
+    assert!(log.contains("again 0:0 4755"), "{log}");
+    worker_ok(&stack, "destroy", json!({"vm_id": "owned"})).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn host_paths_outside_the_roots_are_s501_naming_the_roots() {
     if !bwrap_usable("host_paths_outside_the_roots_are_s501_naming_the_roots") {
