@@ -234,6 +234,12 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     ctx.add_root_overlay_file(LAUNCH_PATH, launch, 0o400)?;
     ctx.add_root_overlay_file(INIT_PATH, GUEST_INIT, 0o555)?;
 
+    // One line before the VM runs: a runner that hangs with this line in its log hung in the
+    // guest (or libkrun), one without it hung in its own set-up.
+    eprintln!(
+        "sandbox-libkrun-vm: entering the VM ({} vCPUs, {} MiB)",
+        spec.vcpus, spec.memory_mib
+    );
     Ok(ctx.start_enter()?)
 }
 

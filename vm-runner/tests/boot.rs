@@ -444,3 +444,27 @@ fn a_guest_reset_is_told_apart_from_a_workload_exit() {
     );
     assert!(!exited.guest_reset());
 }
+
+/// A runner killed at the deadline counts as the lab losing the guest only when it had
+/// entered the VM and the guest printed nothing; one stuck in its own set-up, or a guest that
+/// printed and then hung, fails at once.
+#[test]
+fn a_silent_guest_hang_is_told_apart_from_a_hang_of_ours() {
+    let killed = |stdout: &str, stderr: &str| support::Outcome {
+        code: None,
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        elapsed: Duration::from_secs(181),
+    };
+    let entered = "sandbox-libkrun-vm: entering the VM (1 vCPUs, 256 MiB)\n";
+    assert!(killed("", entered).silent_hang());
+    assert!(killed("\r\n\n", entered).silent_hang());
+    assert!(!killed("", "").silent_hang(), "stuck before the VM");
+    assert!(
+        !killed("started\n", entered).silent_hang(),
+        "hung in the workload"
+    );
+    let mut ended = killed("", entered);
+    ended.code = Some(0);
+    assert!(!ended.silent_hang(), "it ended by itself");
+}
