@@ -219,3 +219,47 @@ fn network_is_given_behind_the_policy_or_refused_never_the_hosts() {
         "a worker VM without a loopback engine gets no way out"
     );
 }
+
+#[test]
+fn a_worker_vm_gets_the_policy_and_its_bus_only_over_vsock() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = BootSpec {
+        network: true,
+        persistent_layer: true,
+        ..test_boot_spec(dir.path())
+    };
+    spec.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
+    let mut backend = LibkrunBackend::with_runner(dir.path().join("runner"));
+    backend.egress_tools = HostTools {
+        pasta: Some("/usr/bin/pasta".into()),
+        nft: Some("/usr/sbin/nft".into()),
+        host_addrs: vec![],
+    };
+    let setup = backend
+        .egress_for(&spec)
+        .unwrap()
+        .expect("a worker VM's egress");
+    assert!(
+        setup.forwarded_ports.is_empty(),
+        "{:?}",
+        setup.forwarded_ports
+    );
+    let tcp_ns = setup
+        .pasta_args
+        .iter()
+        .position(|a| a == "--tcp-ns")
+        .unwrap();
+    assert_eq!(
+        setup.pasta_args[tcp_ns + 1],
+        "none",
+        "{:?}",
+        setup.pasta_args
+    );
+    assert!(!setup.rules.contains("49134"), "{}", setup.rules);
+    // The bus still goes over vsock.
+    assert_eq!(crate::vm_spec::bus_port(&spec), Some(49134));
+
+    backend.egress_tools = HostTools::default();
+    let refused = backend.egress_for(&spec).unwrap_err().to_string();
+    assert!(refused.contains("never falls back"), "{refused}");
+}

@@ -378,12 +378,19 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    let _public = public_host();
+    let _private = private_host();
     let project = e2e_tests::host_dir();
     std::fs::File::create(project.path().join("worker.py"))
         .unwrap()
         .write_all(WORKER.as_bytes())
         .unwrap();
-    let stack = Stack::start(json!({}), compose_options(project.path())).await;
+    let mut options = compose_options(project.path());
+    if libkrun_under_test() {
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
+    let stack = Stack::start(json!({}), options).await;
     let before = functions(&stack).await;
 
     // The attack: a sandbox with network tries to register a function on the bus.
@@ -442,9 +449,10 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         stack.adapter.log()
     );
 
-    // ... and nothing else of the host's loopback.
+    // ... and nothing else of the host's loopback; the rest of the policy as a sandbox's.
     let other = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = other.local_addr().unwrap().port();
+    let private = format!("{}:{PORT}", PRIVATE[0]);
     worker_ok(
         &stack,
         "stop",
@@ -455,7 +463,8 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         &stack,
         "start",
         json!({"vm_id": "netvm",
-               "command": ["python3", "/worker/worker.py", "probe", "127.0.0.1", other.to_string()]}),
+               "command": ["python3", "/worker/worker.py", "probe", PUBLIC, PORT.to_string(),
+                           PRIVATE[0], PORT.to_string(), "127.0.0.1", other.to_string()]}),
     )
     .await;
     let log = wait_log(
@@ -466,11 +475,27 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         Duration::from_secs(60),
     )
     .await;
-    let line = log
-        .lines()
-        .find(|l| l.starts_with(&format!("127.0.0.1:{other} ")))
-        .unwrap();
-    assert!(line.contains(" refused "), "another loopback port: {line}");
+    let line = |target: &str| {
+        log.lines()
+            .find(|l| l.starts_with(&format!("{target} ")))
+            .unwrap_or_else(|| panic!("no probe of {target}: {log}"))
+            .to_string()
+    };
+    let other_port = line(&format!("127.0.0.1:{other}"));
+    assert!(
+        other_port.contains(" refused "),
+        "another loopback port: {other_port}"
+    );
+    let public = line(&public());
+    assert!(
+        public.contains(" ok hello-public"),
+        "the public side: {public}"
+    );
+    let private = line(&private);
+    assert!(
+        private.contains(" refused "),
+        "a private address: {private}"
+    );
 }
 
 async fn functions(stack: &Stack) -> Vec<String> {
