@@ -113,7 +113,7 @@ if [ "$mode" = test ] && [ "${LAB_NETWORK:-1}" != 1 ]; then
 elif [ "$mode" = test ]; then
   # The test makes its servers' namespaces as root; the adapter runs as root, then as the
   # ordinary user (whose runner makes its network namespace in a user namespace of its own).
-  echo "[lab] egress behind the policy on microVMs, sandboxes and worker VMs (network.rs' first test and its bus test, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
+  echo "[lab] egress behind the policy on microVMs, sandboxes and worker VMs (network.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
   # pasta copies the host's uplink (an interface with the default route); the lab has no
   # network, so a dummy one stands in (the test's servers are on their own veths).
   ip link add lab0 type dummy && ip addr add 203.0.113.1/24 dev lab0 && ip link set lab0 up \
@@ -123,11 +123,13 @@ elif [ "$mode" = test ]; then
       echo "[lab] the network test as the ordinary user DID NOT RUN: no user \$as_user"; continue
     fi
     [ -z "\$as_user" ] || { chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; }
+    # As root every test of the policy; as the ordinary user (what differs: who owns the
+    # runner's namespaces) the first and the bus test.
+    tests="network_on_reaches_the_public_side_only_and_off_reaches_nothing a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else"
+    [ -n "\$as_user" ] || tests="\$tests allow_and_deny_narrow_the_policy_and_a_create_cannot_widen_it dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to"
     pass "network on libkrun (\${as_user:-root})" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun \
       \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
-      /tmp/vm-lab/debug/deps/$(basename "$network_bin") \
-      network_on_reaches_the_public_side_only_and_off_reaches_nothing \
-      a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else --exact --nocapture
+      /tmp/vm-lab/debug/deps/$(basename "$network_bin") \$tests --exact --nocapture
   done
 fi
 if [ "$mode" = test ] && [ "${LAB_AS_USER:-1}" != 1 ]; then
