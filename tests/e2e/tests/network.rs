@@ -2,9 +2,9 @@
 //! plugin's microVMs where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun` (the VM lab runs it so): every
 //! sandbox has a network namespace of its own; `network: true` reaches "public" addresses
 //! through pasta and is refused, at once, for the host's loopback, private, link-local and
-//! metadata addresses and the engine; `network_allow` / `network_deny` and a create's `network` object narrow the
-//! policy; a worker VM reaches the engine (registers a function a host caller calls) and
-//! nothing else of the host's loopback. Host names: the sandbox's DNS goes to our resolver
+//! metadata addresses and the engine; `network_allow` / `network_deny` and a create's
+//! `network` object narrow the policy; a worker VM reaches the engine (registers a function a
+//! host caller calls) and nothing else of the host's loopback. Host names: the sandbox's DNS goes to our resolver
 //! proxy whatever server it asks, resolves through the resolvers `network_dns` names, and a
 //! name in `network_deny` / `network_allow` judges the addresses it resolved to; a flood of
 //! malformed queries leaves the proxy answering.
