@@ -4,10 +4,10 @@
 //! through pasta and is refused, at once, for the host's loopback, private, link-local and
 //! metadata addresses and the engine; `network_allow` / `network_deny` and a create's
 //! `network` object narrow the policy; a worker VM reaches the engine (registers a function a
-//! host caller calls) and nothing else of the host's loopback. Host names: the sandbox's DNS goes to our resolver
-//! proxy whatever server it asks, resolves through the resolvers `network_dns` names, and a
-//! name in `network_deny` / `network_allow` judges the addresses it resolved to; a flood of
-//! malformed queries leaves the proxy answering.
+//! host caller calls) and nothing else of the host's loopback. Host names: the sandbox's DNS
+//! goes to our resolver proxy whatever server it asks, resolves through the resolvers
+//! `network_dns` names, and a name in `network_deny` / `network_allow` judges the addresses it
+//! resolved to; a flood of malformed queries leaves the proxy answering.
 //!
 //! The servers live in network namespaces this test makes (`ip netns`, veth): a "public" one
 //! at 198.51.100.10 (and .11 for the name tests) and a "private" one at 10.199.0.10,
