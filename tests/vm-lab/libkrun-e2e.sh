@@ -99,6 +99,11 @@ touch /tmp/vm-lab/attempted
 # a test ended by the lab's own guest reset runs once more; why each failed pass failed is
 # printed last (lab-passes.sh).
 . /tmp/vm-lab/lab-passes.sh
+# pasta copies the host's uplink (an interface with the default route); the lab has no
+# network, so a dummy one stands in for network: true (the network test's servers are on
+# their own veths; the measure's creates with network reach nothing).
+ip link add lab0 type dummy && ip addr add 203.0.113.1/24 dev lab0 && ip link set lab0 up \
+  && ip route add default via 203.0.113.254 dev lab0 || echo "[lab] could not make the stand-in uplink lab0"
 skip=""
 if [ "$mode" = test ] && [ "${LAB_WORKER_ROUNDS:-0}" != 1 ]; then
   # The worker-VM rounds run once per lab run, as the ordinary user below (how Compose runs
@@ -114,10 +119,6 @@ elif [ "$mode" = test ]; then
   # The test makes its servers' namespaces as root; the adapter runs as root, then as the
   # ordinary user (whose runner makes its network namespace in a user namespace of its own).
   echo "[lab] egress behind the policy on microVMs, sandboxes and worker VMs (network.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
-  # pasta copies the host's uplink (an interface with the default route); the lab has no
-  # network, so a dummy one stands in (the test's servers are on their own veths).
-  ip link add lab0 type dummy && ip addr add 203.0.113.1/24 dev lab0 && ip link set lab0 up \
-    && ip route add default via 203.0.113.254 dev lab0 || echo "[lab] could not make the stand-in uplink lab0"
   for as_user in "" iii-sandbox; do
     if [ -n "\$as_user" ] && ! id "\$as_user" >/dev/null 2>&1; then
       echo "[lab] the network test as the ordinary user DID NOT RUN: no user \$as_user"; continue

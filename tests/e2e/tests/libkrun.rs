@@ -737,15 +737,22 @@ fn ms_since(started: Instant) -> f64 {
 }
 
 /// create -> first exec answered, and run(print(6*7)), each `n` times.
-async fn time_backend(stack: &Stack, n: usize) -> (Samples, Samples) {
-    let (mut first_exec, mut run) = (Vec::new(), Vec::new());
+/// create -> first exec answered, run print(6*7), and create (with `network: true`) -> first
+/// exec answered, `n` times each on `stack`.
+async fn time_backend(stack: &Stack, n: usize) -> (Samples, Samples, Samples) {
+    let (mut first_exec, mut run, mut networked) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
-        let started = Instant::now();
-        let id = create(stack, "python", json!({})).await;
-        let echo = exec_ok(stack, &id, json!({"argv": ["echo", "ok"]})).await;
-        first_exec.push(ms_since(started));
-        assert_eq!(stdout(&echo), "ok\n");
-        stop(stack, &id, true).await;
+        for (options, samples) in [
+            (json!({}), &mut first_exec),
+            (json!({"network": true}), &mut networked),
+        ] {
+            let started = Instant::now();
+            let id = create(stack, "python", options).await;
+            let echo = exec_ok(stack, &id, json!({"argv": ["echo", "ok"]})).await;
+            samples.push(ms_since(started));
+            assert_eq!(stdout(&echo), "ok\n");
+            stop(stack, &id, true).await;
+        }
         let started = Instant::now();
         let ran = stack
             .call(
@@ -757,7 +764,7 @@ async fn time_backend(stack: &Stack, n: usize) -> (Samples, Samples) {
         run.push(ms_since(started));
         assert_eq!(ran["stdout"], "42\n");
     }
-    (Samples(first_exec), Samples(run))
+    (Samples(first_exec), Samples(run), Samples(networked))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -774,7 +781,7 @@ async fn measure_libkrun_against_bwrap() {
     }
     // Warm the image cache so neither side pays for the pull.
     let _ = time_backend(&libkrun, 1).await;
-    let (krun_exec, krun_run) = time_backend(&libkrun, n).await;
+    let (krun_exec, krun_run, krun_networked) = time_backend(&libkrun, n).await;
     drop(libkrun);
     let bwrap = if bwrap_usable("measure_libkrun_against_bwrap (bwrap baseline)") {
         let stack = Stack::bwrap().await;
@@ -791,6 +798,11 @@ async fn measure_libkrun_against_bwrap() {
             bwrap.as_ref().map(|b| &b.0),
         ),
         ("run print(6*7)", &krun_run, bwrap.as_ref().map(|b| &b.1)),
+        (
+            "create (network: true) -> first exec answered",
+            &krun_networked,
+            bwrap.as_ref().map(|b| &b.2),
+        ),
     ];
     for (what, krun, base) in rows {
         let base_median = base.map(|b| b.summary().0);
@@ -802,4 +814,16 @@ async fn measure_libkrun_against_bwrap() {
         let ratio = base_median.map_or("n/a".to_string(), |b| format!("{:.1}", med / b));
         println!("| {what} | libkrun | {med:.0} | {min:.0} | {max:.0} | {ratio} |");
     }
+    // What network: true costs over off on each backend, in the same run.
+    let extra = |on: &Samples, off: &Samples| {
+        let (on, off) = (on.summary().0, off.summary().0);
+        format!("{:+.0} ms ({:.2}x)", on - off, on / off)
+    };
+    println!(
+        "\nnetwork: true over off, create -> first exec (medians): libkrun {}{}",
+        extra(&krun_networked, &krun_exec),
+        bwrap
+            .as_ref()
+            .map_or(String::new(), |b| format!(", bwrap {}", extra(&b.2, &b.0)))
+    );
 }
