@@ -84,7 +84,7 @@ impl TestHost {
             .stdout(Stdio::null())
             .spawn()
             .expect("start the test server");
-        let host = TestHost { ns, ns_if, server };
+        let mut host = TestHost { ns, ns_if, server };
         // The fixture itself works from the host: a refusal later is the policy's.
         for (_, inside) in pairs {
             let address = inside.split('/').next().unwrap();
@@ -94,7 +94,7 @@ impl TestHost {
     }
 
     /// Another address of the namespace's side (same subnet as the first), served too.
-    fn add_address(&self, cidr: &str, banner: &str) {
+    fn add_address(&mut self, cidr: &str, banner: &str) {
         let status = Command::new("ip")
             .args(["-n", &self.ns, "addr", "add", cidr, "dev", &self.ns_if])
             .status()
@@ -103,17 +103,28 @@ impl TestHost {
         self.wait_served(cidr.split('/').next().unwrap(), banner);
     }
 
-    fn wait_served(&self, address: &str, banner: &str) {
-        for _ in 0..100 {
-            if let Ok(mut s) = std::net::TcpStream::connect((address, PORT)) {
-                let mut text = String::new();
-                let _ = std::io::Read::read_to_string(&mut s, &mut text);
-                assert_eq!(text.trim(), banner);
-                return;
+    /// Waits until the server answers the host at `address`. Generous: python3 takes several
+    /// seconds to start under the VM lab's emulated CPU (5 s were too few in a CI run); it
+    /// returns as soon as the server answers, and at once if the server died.
+    fn wait_served(&mut self, address: &str, banner: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        let mut last_error = String::new();
+        while std::time::Instant::now() < deadline {
+            match std::net::TcpStream::connect((address, PORT)) {
+                Ok(mut s) => {
+                    let mut text = String::new();
+                    let _ = std::io::Read::read_to_string(&mut s, &mut text);
+                    assert_eq!(text.trim(), banner);
+                    return;
+                }
+                Err(e) => last_error = e.to_string(),
+            }
+            if let Ok(Some(status)) = self.server.try_wait() {
+                panic!("the test server for {address}:{PORT} exited: {status}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the test server at {address}:{PORT} never answered the host");
+        panic!("the test server at {address}:{PORT} never answered the host in 90 s: {last_error}");
     }
 }
 
@@ -651,7 +662,7 @@ async fn dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood() {
     }
     let _serial = SERIAL.lock().await;
     earlier_sandboxes_gone().await;
-    let public = public_host();
+    let mut public = public_host();
     public.add_address(&format!("{PUBLIC_2}/24"), "hello-public");
     let dns = DnsServer::start();
     let stack = Stack::start(
@@ -768,7 +779,7 @@ async fn a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let public = public_host();
+    let mut public = public_host();
     public.add_address(&format!("{PUBLIC_2}/24"), "hello-public");
     let _private = private_host();
     let dns = DnsServer::start();
