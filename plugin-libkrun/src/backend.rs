@@ -245,7 +245,7 @@ impl Backend for LibkrunBackend {
             "network: false: no network device and no TSI; network: true: libkrun's TSI, whose sockets are the VM runner's own, in a network namespace of the runner's own (its loopback is not the host's)",
             "the runner's namespace",
         );
-        network["worker_vms"] = "the same egress policy as a sandbox with network, and the bus: the engine's port on the guest's loopback, forwarded over vsock to the engine only".into();
+        network["worker_vms"] = "the bus forward over vsock only (never TSI)".into();
         serde_json::json!({
             "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
             "network": network,
@@ -309,35 +309,26 @@ impl LibkrunBackend {
     /// into the runner's own, so a sandbox asking for network gets TSI only with its runner in
     /// a network namespace of its own, behind the egress policy (the `egress` crate, as on
     /// bwrap); where that cannot be had it is refused, never given the host's network. A
-    /// worker VM gets the same policy, and the bus besides, forwarded over vsock (see
+    /// worker VM gets exactly one way out instead, the bus, forwarded over vsock (see
     /// [`crate::bus`]), which needs the engine on the host's loopback (Compose's own layout).
     fn egress_for(&self, spec: &BootSpec) -> Result<Option<NetworkSetup>, SandboxError> {
         if !spec.network {
             return Ok(None);
         }
-        let mut egress = spec.egress.clone();
         if spec.persistent_layer {
-            match spec.egress.bus {
-                Some(bus) if bus.ip().is_loopback() => {}
-                Some(bus) => {
-                    return Err(SandboxError::BootFailed(format!(
-                        "worker VMs on the libkrun plugin reach the engine only on the host's \
-                         loopback (forwarded over vsock), and III_URL names {bus}; run the engine \
-                         on this host or use the bwrap plugin"
-                    )))
-                }
-                None => {
-                    return Err(SandboxError::BootFailed(
-                        "worker VMs on the libkrun plugin need the engine's address (III_URL) to \
-                         forward the bus"
-                            .into(),
-                    ))
-                }
-            }
-            // The bus is the vsock forward, never pasta's: the runner's namespace must not
-            // hold a way to the engine's port (the guest's own listener for the bus is there
-            // too under TSI, and nothing else may answer it).
-            egress.bus = None;
+            return match spec.egress.bus {
+                Some(bus) if bus.ip().is_loopback() => Ok(None),
+                Some(bus) => Err(SandboxError::BootFailed(format!(
+                    "worker VMs on the libkrun plugin reach the engine only on the host's loopback \
+                     (forwarded over vsock), and III_URL names {bus}; run the engine on this host \
+                     or use the bwrap plugin"
+                ))),
+                None => Err(SandboxError::BootFailed(
+                    "worker VMs on the libkrun plugin need the engine's address (III_URL) to forward \
+                     the bus"
+                        .into(),
+                )),
+            };
         }
         // pasta never runs as host root: a root runner's network namespace belongs to the
         // adapter's subordinate ids, which pasta runs as; an ordinary user's runner owns its
@@ -346,7 +337,7 @@ impl LibkrunBackend {
             .is_root()
             .then(sandbox_core::subordinate::root_bases);
         self.egress_tools
-            .setup(&egress, run_as)
+            .setup(&spec.egress, run_as)
             .map(Some)
             .map_err(SandboxError::BootFailed)
     }

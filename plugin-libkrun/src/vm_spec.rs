@@ -80,9 +80,9 @@ pub fn build(
         "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
         // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
         "console_fd": CONSOLE_FD,
-        // TSI only behind the egress policy (network on): the runner's sockets, which TSI
-        // makes the guest's, are then in a namespace of its own where the policy judges them.
-        // A worker VM's bus is its vsock forward besides (see `bus.rs`), never TSI's.
+        // TSI only behind the egress policy (a sandbox with network): the runner's sockets,
+        // which TSI makes the guest's, are then in a namespace of its own where the policy
+        // judges them. A worker VM's only way out is its bus forward (see `bus.rs`).
         "network": false,
     });
     if let Some(setup) = egress {

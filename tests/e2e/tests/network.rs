@@ -507,11 +507,20 @@ async fn a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else() {
         "another loopback port: {other_port}"
     );
     let public = line(&public());
+    let private = line(&private);
+    if libkrun_under_test() {
+        // A libkrun worker VM has the bus and no other network yet (README, Known limits:
+        // TSI beside the vsock bus forward made the guest's connections to its own bus
+        // listener time out in the lab).
+        for probe in [&public, &private] {
+            assert!(!probe.contains(" ok "), "a libkrun worker VM: {probe}");
+        }
+        return;
+    }
     assert!(
         public.contains(" ok hello-public"),
         "the public side: {public}"
     );
-    let private = line(&private);
     assert!(
         private.contains(" refused "),
         "a private address: {private}"
