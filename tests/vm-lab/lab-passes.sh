@@ -23,10 +23,13 @@ lab_failed_tests() {
     END {print names}' "$1"
 }
 
-# Whether test $2's own section of log $1 shows the lab's guest reset.
+# Whether test $2's own section of log $1 shows the lab's guest reset: its captured stdout
+# (`---- NAME stdout ----`), or, for a pass run with --nocapture (no such section), its panic
+# message and what follows it up to its own result line (`test NAME ... FAILED`).
 lab_reset_in() {
   awk -v name="$2" '$0 == "---- " name " stdout ----" {inside = 1; next}
-    inside && (/^---- .* stdout ----$/ || /^failures:$/ || /^successes:$/) {inside = 0}
+    index($0, "thread '\''" name "'\'' (") == 1 && /panicked at/ {inside = 1; next}
+    inside && (/^---- .* stdout ----$/ || /^failures:$/ || /^successes:$/ || index($0, "test " name " ... ") == 1) {inside = 0}
     inside && /Received KVM_EXIT_SHUTDOWN/ {found = 1}
     END {exit found ? 0 : 1}' "$1"
 }
