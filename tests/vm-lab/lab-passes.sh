@@ -7,7 +7,9 @@
 #
 # The emulated lab resets an L2 guest now and then (libkrun logs `Received KVM_EXIT_SHUTDOWN`
 # and the VM ends with no status from the guest; seen on bare runner boots with no code of
-# ours too). A failed test whose own output shows that reset is run once more, by name
+# ours too), or hangs silently: a boot whose runner entered the VM and then showed nothing at
+# all until the agent's wait ran out (the S300's runner log ends at `entering the VM (...)`,
+# no console line). A failed test whose own output shows either is run once more, by name
 # (`--exact`, appended to COMMAND), saying so; the pass then fails only if a test fails again.
 # The worker-VM rounds are never run again here: they run a reset round once more themselves.
 
@@ -31,6 +33,7 @@ lab_reset_in() {
     index($0, "thread '\''" name "'\'' (") == 1 && /panicked at/ {inside = 1; next}
     inside && (/^---- .* stdout ----$/ || /^failures:$/ || /^successes:$/ || index($0, "test " name " ... ") == 1) {inside = 0}
     inside && /Received KVM_EXIT_SHUTDOWN/ {found = 1}
+    inside && /the agent did not connect within/ && /entering the VM \([0-9]+ vCPUs, [0-9]+ MiB\)\\",/ {found = 1}
     END {exit found ? 0 : 1}' "$1"
 }
 
@@ -46,7 +49,7 @@ pass() {
     if lab_reset_in "$out" "$name"; then again="$again $name"; else again=""; break; fi
   done
   if [ -n "$again" ]; then
-    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN), run once more:$again"
+    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run once more:$again"
     lab_passes=$((lab_passes + 1))
     out=/tmp/vm-lab-pass-$lab_passes.log
     "$@" --exact $again 2>&1 | tee "$out"
