@@ -38,15 +38,21 @@ pub struct PastaStarter {
     pid: Pid,
 }
 
+/// The two ends of the message channel between a forked helper and its parent (close-on-exec:
+/// the helper passes its end on only on purpose).
+fn seqpacket_pair() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    Ok(socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?)
+}
+
 impl PastaStarter {
     /// Call while single-threaded (it forks).
     pub fn fork() -> io::Result<PastaStarter> {
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
+        let (ours, theirs) = seqpacket_pair()?;
         // SAFETY: the launcher is single-threaded; the child only rearranges its own
         // descriptors, reads one message and execs (or exits).
         match unsafe { fork() }? {
@@ -297,12 +303,7 @@ pub const DNS_PROXY_NAME: &str = "iii-dns-proxy";
 impl DnsProxy {
     /// Call while single-threaded (it forks).
     fn fork(setup: &NetworkSetup) -> io::Result<DnsProxy> {
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
+        let (ours, theirs) = seqpacket_pair()?;
         let parent = nix::unistd::getpid();
         // SAFETY: the launcher is single-threaded; the child starts its own runtime from
         // scratch and never returns into the launcher's code.
