@@ -62,6 +62,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "ordinary-user e2e run DID NOT RUN: test.sh is not root, so it cannot make the user"
 else
   user=$(bash tests/e2e/ordinary-user.sh)
+  # A delegated cgroup where the host has one (as Compose's service manager gives it), the
+  # adapter started inside it: then its sandboxes' cpus, memory and pids limits hold too.
+  cgroups=$(bash tests/e2e/delegate-cgroup.sh "$user")
+  echo "ordinary user $user, delegated cgroup: ${cgroups:-none on this host}"
   # Copies the ordinary user can reach, whatever the checkout's parents allow.
   bin="$work/bin"; mkdir -p "$bin"; chmod 755 "$work"
   for f in sandbox-libkrun libplugin_bwrap.so libplugin_libkrun.so sandbox-bwrap-launch sandbox-libkrun-vm; do
@@ -71,6 +75,7 @@ else
   chmod -R a+rX "$bin"
   cargo_tests "e2e as the ordinary user" \
     env SANDBOX_E2E_ADAPTER_USER="$user" SANDBOX_E2E_BIN_DIR="$bin" \
+    SANDBOX_E2E_ADAPTER_CGROUPS="$cgroups" \
     SANDBOX_AGENT_PATH="$bin/sandbox-agent" \
     cargo test -p e2e-tests --no-fail-fast -- --test-threads=2 --show-output
 fi

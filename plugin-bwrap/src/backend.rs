@@ -302,6 +302,8 @@ impl Backend for BwrapBackend {
             "read_only": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "read-only binds (a worker's /worker, the agent)"],
             "limits_in_force": self.limits_in_force,
             "cgroups": cgroup::Placement::get().describe(),
+            // Where each sandbox's `launcher-<uuid>` groups are made (one a hierarchy on v1).
+            "cgroup_parents": cgroup::Placement::get().parents.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
                 "worker_layers": worker_layer_disk(self.mke2fs.is_some()),

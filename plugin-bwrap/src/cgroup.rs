@@ -11,8 +11,11 @@
 //! namespace), sandboxes go beneath it, at `<own>/sandboxes/launcher-<uuid>`, so a limit an
 //! operator puts on the adapter's service covers them; the adapter first moves its own
 //! processes to the leaf `<own>/adapter` (cgroup v2 allows no processes in a group that
-//! hands controllers to its children). Otherwise, and on v1 (no delegation model; each
-//! hierarchy at its root), `sandbox-libkrun/` at the hierarchy's root as before.
+//! hands controllers to its children). On v1, each controller's hierarchy on its own: when
+//! the adapter's group there is not the root and is writable by it (systemd's `Delegate=yes`
+//! chowns it on v1 too; an operator's `mkdir` + `chown`), at `<own>/sandboxes/launcher-<uuid>`
+//! (v1 lets processes and child groups share a group, so the adapter stays where it is).
+//! Otherwise `sandbox-libkrun/` at the hierarchy's root as before.
 
 use std::fs;
 use std::io;
@@ -50,13 +53,29 @@ impl Placement {
     fn decide(root: &Path, self_cgroup: &str) -> Placement {
         let v2 = root.join("cgroup.controllers").exists();
         if !v2 {
+            let parents: Vec<PathBuf> = CONTROLLERS
+                .iter()
+                .map(|controller| {
+                    let hierarchy = root.join(controller);
+                    own_v1_group(self_cgroup, controller)
+                        .and_then(|own| match delegate_v1(&hierarchy.join(own)) {
+                            Ok(parent) => Some(parent),
+                            Err(e) => {
+                                tracing::debug!(controller, own, error = %e, "the adapter's own v1 cgroup is not delegated to it");
+                                None
+                            }
+                        })
+                        .unwrap_or_else(|| hierarchy.join(GROUP))
+                })
+                .collect();
+            let delegated = parents
+                .iter()
+                .zip(CONTROLLERS)
+                .all(|(parent, controller)| *parent != root.join(controller).join(GROUP));
             return Placement {
                 v2,
-                parents: CONTROLLERS
-                    .iter()
-                    .map(|c| root.join(c).join(GROUP))
-                    .collect(),
-                delegated: false,
+                parents,
+                delegated,
             };
         }
         let own = self_cgroup
@@ -100,7 +119,8 @@ impl Placement {
         match (self.v2, self.delegated) {
             (true, true) => format!("under the adapter's own delegated cgroup: {}", parents.join(", ")),
             (true, false) => format!("at the hierarchy root (the adapter's own cgroup is the root or not writable by it): {}", parents.join(", ")),
-            (false, _) => format!("cgroup v1, at each hierarchy's root (no delegation on v1): {}", parents.join(", ")),
+            (false, true) => format!("cgroup v1, under the adapter's own delegated cgroup in each hierarchy: {}", parents.join(", ")),
+            (false, false) => format!("cgroup v1, at a hierarchy's root where the adapter's own cgroup there is the root or not writable by it: {}", parents.join(", ")),
         }
     }
 }
@@ -108,16 +128,7 @@ impl Placement {
 /// Makes `own` hand the controllers to `own/sandboxes`, with the adapter's processes moved
 /// to `own/adapter` first; the parent for sandboxes' groups.
 fn delegate(own: &Path) -> io::Result<PathBuf> {
-    let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
-    for file in ["", "cgroup.procs", "cgroup.subtree_control"] {
-        let path = own.join(file);
-        if !writable(&path) {
-            return Err(io::Error::other(format!(
-                "{} is not writable",
-                path.display()
-            )));
-        }
-    }
+    require_writable(own, &["", "cgroup.procs", "cgroup.subtree_control"])?;
     let available = fs::read_to_string(own.join("cgroup.controllers"))?;
     let wanted: Vec<&str> = CONTROLLERS
         .into_iter()
@@ -145,6 +156,49 @@ fn delegate(own: &Path) -> io::Result<PathBuf> {
     fs::write(own.join("cgroup.subtree_control"), &enable)?;
     fs::write(sandboxes.join("cgroup.subtree_control"), &enable)?;
     Ok(sandboxes)
+}
+
+/// The adapter's own group in the v1 hierarchy of `controller` (a `N:cpu,cpuacct:/path`
+/// line of `/proc/self/cgroup`), relative to that hierarchy; `None` for its root.
+fn own_v1_group<'a>(self_cgroup: &'a str, controller: &str) -> Option<&'a str> {
+    self_cgroup
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == controller)
+                .then_some(path)
+        })
+        .next()
+        .map(|p| p.trim().trim_start_matches('/'))
+        .filter(|p| !p.is_empty() && !p.split('/').any(|c| c == ".."))
+}
+
+/// `own/sandboxes`, made if missing, when `own` (a v1 group) is writable by the adapter.
+fn delegate_v1(own: &Path) -> io::Result<PathBuf> {
+    require_writable(own, &["", "cgroup.procs"])?;
+    let sandboxes = own.join("sandboxes");
+    match fs::create_dir(&sandboxes) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(sandboxes),
+    }
+}
+
+/// Fails unless every one of `files` in group `own` ("" for the group itself) is writable by
+/// the adapter: what a delegation gives it.
+fn require_writable(own: &Path, files: &[&str]) -> io::Result<()> {
+    for file in files {
+        let path = own.join(file);
+        if nix::unistd::access(&path, nix::unistd::AccessFlags::W_OK).is_err() {
+            return Err(io::Error::other(format!(
+                "{} is not writable",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox.
@@ -362,10 +416,44 @@ mod tests {
             );
             assert!(!placement.delegated);
         }
-        // v1: one parent per controller at its root, whatever /proc/self/cgroup says.
+        // v1: one parent per controller, at its root when the own group is the root or
+        // missing (here: memory's `/some/where` does not exist).
         let v1 = tempfile::tempdir().unwrap();
         let placement = Placement::decide(v1.path(), "4:memory:/some/where\n0::/\n");
         assert!(!placement.v2 && !placement.delegated);
-        assert_eq!(placement.parents.len(), 3);
+        assert_eq!(
+            placement.parents,
+            CONTROLLERS.map(|c| v1.path().join(c).join(GROUP)).to_vec()
+        );
+    }
+
+    #[test]
+    fn v1_hierarchies_whose_own_group_is_writable_hold_the_sandboxes_beneath_it() {
+        let root = tempfile::tempdir().unwrap();
+        for own in ["memory/ci/job", "cpu,cpuacct/svc", "pids/svc"] {
+            let own = root.path().join(own);
+            std::fs::create_dir_all(&own).unwrap();
+            std::fs::write(own.join("cgroup.procs"), "").unwrap();
+        }
+        // As on hosts that mount cpu and cpuacct together, with a `cpu` link to it.
+        std::os::unix::fs::symlink("cpu,cpuacct", root.path().join("cpu")).unwrap();
+        let self_cgroup = "9:pids:/svc\n4:memory:/ci/job\n2:cpu,cpuacct:/svc\n1:name=systemd:/\n";
+        let placement = Placement::decide(root.path(), self_cgroup);
+        let expected: Vec<PathBuf> = ["memory/ci/job", "cpu/svc", "pids/svc"]
+            .iter()
+            .map(|own| root.path().join(own).join("sandboxes"))
+            .collect();
+        assert_eq!(placement.parents, expected);
+        assert!(placement.delegated && !placement.v2);
+        assert!(expected.iter().all(|dir| dir.is_dir()));
+        assert!(placement.describe().contains("delegated"));
+
+        // One hierarchy at its root (pids: the adapter's group there is the root): that one
+        // keeps `sandbox-libkrun/` there, and the placement is not delegated as a whole.
+        let self_cgroup = "9:pids:/\n4:memory:/ci/job\n2:cpu,cpuacct:/svc\n";
+        let placement = Placement::decide(root.path(), self_cgroup);
+        assert_eq!(placement.parents[0], expected[0]);
+        assert_eq!(placement.parents[2], root.path().join("pids").join(GROUP));
+        assert!(!placement.delegated);
     }
 }

@@ -269,10 +269,19 @@ impl Adapter {
             .as_ref()
             .map_or_else(adapter_bin, |installed| installed.binary.clone());
         let mut command = match adapter_user() {
-            // setpriv execs the adapter: the child's pid is the adapter's.
+            // setpriv execs the adapter: the child's pid is the adapter's. With a delegated
+            // cgroup (`$SANDBOX_E2E_ADAPTER_CGROUPS`, tests/e2e/delegate-cgroup.sh), a shell
+            // as root first moves itself into it, then execs setpriv, as a service manager
+            // starts a service in its group.
             Some(user) => {
-                let mut command = Command::new("setpriv");
+                let mut command = Command::new("sh");
                 command
+                    .arg("-c")
+                    .arg(concat!(
+                        r#"for group in ${SANDBOX_E2E_ADAPTER_CGROUPS:-}; do "#,
+                        r#"echo $$ > "$group/cgroup.procs" || exit 1; done; exec "$@""#
+                    ))
+                    .args(["sh", "setpriv"])
                     .args([
                         "--reuid",
                         &user.name,

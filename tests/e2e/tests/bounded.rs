@@ -54,13 +54,8 @@ async fn a_fork_bomb_is_capped_and_the_sandbox_then_runs_echo() {
     let id = create(&stack, "python", json!({})).await;
     // The limit is the sandbox's cgroup's (v1 `pids` hierarchy here, or v2).
     let group = sandbox_support::cgroup_name(&stack, &id);
-    let pids_dirs: Vec<_> = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
-        .iter()
-        .map(|root| {
-            std::path::Path::new(root)
-                .join("sandbox-libkrun")
-                .join(&group)
-        })
+    let pids_dirs: Vec<_> = sandbox_support::cgroups_named(&group)
+        .into_iter()
         .filter(|dir| dir.join("pids.max").is_file())
         .collect();
     assert_eq!(pids_dirs.len(), 1, "one pids group for {group}");

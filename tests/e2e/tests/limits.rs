@@ -75,10 +75,7 @@ async fn the_33rd_create_is_s400_and_a_stop_frees_a_slot() {
     assert_eq!(list["in_flight"], 0, "{list}");
     assert_eq!(list["remaining"], 32, "{list}");
     assert_eq!(layers_on_disk(&stack), 0, "no layer left on disk");
-    let left: Vec<_> = groups
-        .iter()
-        .flat_map(|g| cgroups_named(g).into_iter().chain(pids_group(g)))
-        .collect();
+    let left: Vec<_> = groups.iter().flat_map(|g| cgroups_named(g)).collect();
     assert!(
         left.is_empty(),
         "cgroups left after stop {{wait}}: {left:?}"
@@ -121,15 +118,11 @@ fn limits_are_in_force(group: &str) {
     assert_eq!(max.trim(), "1024", "{}", pids.display());
 }
 
-/// The directory holding group `name`'s `pids.max`, if any.
+/// The directory holding group `name`'s `pids.max` (the v2 group or the v1 `pids`
+/// hierarchy's), if any.
 fn pids_group(name: &str) -> Option<std::path::PathBuf> {
-    ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
-        .iter()
-        .map(|root| {
-            std::path::Path::new(root)
-                .join("sandbox-libkrun")
-                .join(name)
-        })
+    cgroups_named(name)
+        .into_iter()
         .find(|dir| dir.join("pids.max").is_file())
 }
 

@@ -6,7 +6,6 @@
 
 mod sandbox_support;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,26 +31,6 @@ struct Snapshot {
     state_dirs: usize,
 }
 
-/// Directories named `launcher-*` anywhere in the cgroup hierarchies (a few levels deep:
-/// `<root>/<hierarchy>/<own...>/sandbox-libkrun|sandboxes/launcher-*`).
-fn count_groups(dir: &Path, depth: usize) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut count = 0;
-    for entry in entries.flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        if entry.file_name().to_string_lossy().starts_with("launcher-") {
-            count += 1;
-        } else if depth > 0 {
-            count += count_groups(&entry.path(), depth - 1);
-        }
-    }
-    count
-}
-
 fn snapshot(stack: &Stack) -> Snapshot {
     let pid = stack.adapter.pid();
     let count = |path: String| std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0);
@@ -59,7 +38,7 @@ fn snapshot(stack: &Stack) -> Snapshot {
         fds: count(format!("/proc/{pid}/fd")),
         threads: status_kib(pid, "Threads").unwrap_or(0),
         rss_kib: status_kib(pid, "VmRSS").unwrap_or(0),
-        cgroups: count_groups(Path::new("/sys/fs/cgroup"), 6),
+        cgroups: sandbox_support::cgroup_dirs(&|name| name.starts_with("launcher-")).len(),
         mounts: std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
             .map(|m| m.lines().count())
             .unwrap_or(0),

@@ -197,15 +197,35 @@ pub fn cgroup_name(stack: &Stack, id: &str) -> String {
         .unwrap_or_else(|e| panic!("{} names no cgroup: {e}", file.display()))
 }
 
-/// The bwrap backend's groups named `name` still present on the host (v2 layout, or the v1
-/// `memory` and `cpu` hierarchies): empty once the sandbox is fully gone.
-pub fn cgroups_named(name: &str) -> Vec<std::path::PathBuf> {
-    let root = std::path::Path::new("/sys/fs/cgroup");
-    [root.to_path_buf(), root.join("memory"), root.join("cpu")]
-        .into_iter()
-        .map(|hierarchy| hierarchy.join("sandbox-libkrun").join(name))
-        .filter(|dir| dir.is_dir())
-        .collect()
+/// The bwrap backend's groups named `name` still present on the host, wherever the
+/// adapter placed them (each hierarchy's `sandbox-libkrun/`, or beneath the adapter's own
+/// delegated group): empty once the sandbox is fully gone.
+pub fn cgroups_named(name: &str) -> Vec<PathBuf> {
+    cgroup_dirs(&|group| group == name)
+}
+
+/// Every cgroup directory under `/sys/fs/cgroup` (all hierarchies, v1 and v2) whose name
+/// passes `wanted`; links (`cpu -> cpu,cpuacct`) are not followed, so none is seen twice,
+/// and a wanted group is not searched further.
+pub fn cgroup_dirs(wanted: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
+    fn walk(dir: &Path, depth: usize, wanted: &dyn Fn(&str) -> bool, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if wanted(&entry.file_name().to_string_lossy()) {
+                found.push(entry.path());
+            } else if depth > 0 {
+                walk(&entry.path(), depth - 1, wanted, found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(Path::new("/sys/fs/cgroup"), 8, wanted, &mut found);
+    found
 }
 
 /// `fs::<verb>` on sandbox `id` with `fields`.
