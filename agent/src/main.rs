@@ -10,7 +10,6 @@
 //! poll on its two pipes, the binary stays small and static, and PID 1 duties (sigwait,
 //! waitpid(-1)) fit a plain thread naturally.
 
-mod bus_forward;
 mod confine;
 mod exec;
 mod fs;
@@ -25,8 +24,7 @@ use std::process::ExitCode;
 
 use log::log;
 
-const USAGE: &str = "usage: sandbox-agent [--confine] [--bus-forward TCP_PORT:VSOCK_PORT] \
-                     (--stdio | --vsock-port PORT | --unix PATH)";
+const USAGE: &str = "usage: sandbox-agent [--confine] (--stdio | --vsock-port PORT | --unix PATH)";
 
 enum Mode {
     Stdio,
@@ -49,33 +47,10 @@ fn main() -> ExitCode {
         Some((first, rest)) if first == "--confine" => (true, rest),
         _ => (false, &args[..]),
     };
-    // A worker VM on libkrun: its one way to the bus (see bus_forward.rs).
-    let (bus_forward, args) = match args {
-        [flag, spec, rest @ ..] if flag == "--bus-forward" => match bus_forward::parse(spec) {
-            Some(ports) => (Some(ports), rest),
-            None => {
-                eprintln!("{USAGE}");
-                return ExitCode::from(2);
-            }
-        },
-        _ => (None, args),
-    };
     let Some(mode) = parse_args(args) else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
-    // Not fatal: the agent still serves the host, and the worker's own connection attempts
-    // then fail where its log shows them.
-    let bus_listener =
-        bus_forward.and_then(
-            |(tcp_port, vsock_port)| match bus_forward::listen(tcp_port) {
-                Ok(listener) => Some((listener, vsock_port)),
-                Err(e) => {
-                    log!("cannot forward the bus (127.0.0.1:{tcp_port}): {e}");
-                    None
-                }
-            },
-        );
     // Before any thread exists (the seccomp filter is applied to this thread only, and
     // every later thread and exec inherits it). Fail closed: never serve unconfined.
     if confine {
@@ -110,11 +85,6 @@ fn main() -> ExitCode {
     if let Err(e) = procs::start_signal_thread(table.clone()) {
         log!("cannot start the signal thread: {e}");
         return ExitCode::from(1);
-    }
-    if let Some((listener, vsock_port)) = bus_listener {
-        if let Err(e) = bus_forward::start(listener, vsock_port) {
-            log!("cannot forward the bus to vsock {vsock_port}: {e}");
-        }
     }
     let stream = match &mode {
         Mode::Stdio => transport::stdio(),

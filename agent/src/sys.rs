@@ -234,38 +234,3 @@ pub fn grow_pipe(fd: RawFd, bytes: usize) {
     // SAFETY: F_SETPIPE_SZ takes an int and has no memory effects; a bad fd only errors.
     unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size) };
 }
-
-/// Half-closes a socket: the peer reads end of stream, and can still send. Best effort (the
-/// peer may be gone already).
-pub fn shutdown_write(socket: &impl AsRawFd) {
-    // SAFETY: shutdown(2) on a descriptor we own; a bad or non-socket fd only errors.
-    unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_WR) };
-}
-
-/// Sets the loopback interface up (a VM without a network device still has `lo`, down until
-/// someone raises it). Idempotent.
-pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: plain socket creation; the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: socket succeeded, so `fd` is open and ours alone.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ifreq is plain data; all-zero is a valid starting value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: `req` names an interface and SIOCGIFFLAGS fills its flags union member.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the flags member of the union is the one SIOCGIFFLAGS just wrote.
-    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-    // SAFETY: as above, SIOCSIFFLAGS reads the name and the flags.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}

@@ -17,7 +17,6 @@ use tokio::net::UnixListener;
 use tokio::process::Command;
 
 use crate::bounded_log;
-use crate::bus::BusForward;
 use crate::failure::{describe_early_exit, log_tails, stopped_without_guest_status, BootError};
 use crate::layout::Layout;
 use crate::vm_spec;
@@ -86,17 +85,6 @@ impl LibkrunBackend {
             path: layout.socket.display().to_string(),
             source,
         })?;
-        let bus = match (vm_spec::bus_port(spec), spec.egress.bus) {
-            (Some(_), Some(engine)) => {
-                let bus_listener =
-                    UnixListener::bind(&layout.bus_socket).map_err(|source| BootError::Listen {
-                        path: layout.bus_socket.display().to_string(),
-                        source,
-                    })?;
-                Some(BusForward::start(bus_listener, engine))
-            }
-            _ => None,
-        };
         // The guest console on the runner's stdout, libkrun's log on its stderr: both through
         // pipes into files kept within a bound (a guest must not fill the host's disk).
         let (console_out, console_drained) =
@@ -151,11 +139,10 @@ impl LibkrunBackend {
         Ok(Booted {
             reader: Box::new(reader),
             writer: Box::new(writer),
-            // The VM, its overlay mount and its virtio-fs servers all live and die with the
-            // runner process; the bus forward with this process object.
+            // The VM, its overlay mount, its virtio-fs servers and its network namespace
+            // (pasta, the resolver proxy) all live and die with the runner process.
             process: Box::new(VmProcess {
                 runner: ChildProcess::new(child),
-                _bus: bus,
             }),
         })
     }
@@ -176,7 +163,7 @@ impl LibkrunBackend {
                 _ => {}
             }
         }
-        for file in [&layout.socket, &layout.bus_socket, &layout.spec] {
+        for file in [&layout.socket, &layout.spec] {
             match std::fs::remove_file(file) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -186,10 +173,9 @@ impl LibkrunBackend {
     }
 }
 
-/// The runner's process, and the worker VM's bus forward that ends with it.
+/// The runner's process.
 struct VmProcess {
     runner: ChildProcess,
-    _bus: Option<BusForward>,
 }
 
 #[async_trait]
@@ -245,7 +231,7 @@ impl Backend for LibkrunBackend {
             "network: false: no network device and no TSI; network: true: libkrun's TSI, whose sockets are the VM runner's own, in a network namespace of the runner's own (its loopback is not the host's)",
             "the runner's namespace",
         );
-        network["worker_vms"] = "the bus forward over vsock only (never TSI)".into();
+        network["worker_vms"] = "the same egress policy as a sandbox with network (TSI in the runner's own network namespace), and the bus: the engine's one port, forwarded by pasta from that namespace's loopback (or allowed, for an engine on another host)".into();
         serde_json::json!({
             "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
             "network": network,
@@ -309,26 +295,18 @@ impl LibkrunBackend {
     /// into the runner's own, so a sandbox asking for network gets TSI only with its runner in
     /// a network namespace of its own, behind the egress policy (the `egress` crate, as on
     /// bwrap); where that cannot be had it is refused, never given the host's network. A
-    /// worker VM gets exactly one way out instead, the bus, forwarded over vsock (see
-    /// [`crate::bus`]), which needs the engine on the host's loopback (Compose's own layout).
+    /// worker VM (always with network) gets the same, with the bus (`III_URL`'s address) as
+    /// the one way to the engine: on the host's loopback, its port forwarded by pasta from
+    /// the namespace's loopback, so the guest's `III_URL` works unchanged and no other host
+    /// port does.
     fn egress_for(&self, spec: &BootSpec) -> Result<Option<NetworkSetup>, SandboxError> {
         if !spec.network {
             return Ok(None);
         }
-        if spec.persistent_layer {
-            return match spec.egress.bus {
-                Some(bus) if bus.ip().is_loopback() => Ok(None),
-                Some(bus) => Err(SandboxError::BootFailed(format!(
-                    "worker VMs on the libkrun plugin reach the engine only on the host's loopback \
-                     (forwarded over vsock), and III_URL names {bus}; run the engine on this host \
-                     or use the bwrap plugin"
-                ))),
-                None => Err(SandboxError::BootFailed(
-                    "worker VMs on the libkrun plugin need the engine's address (III_URL) to forward \
-                     the bus"
-                        .into(),
-                )),
-            };
+        if spec.persistent_layer && spec.egress.bus.is_none() {
+            return Err(SandboxError::BootFailed(
+                "worker VMs need the engine's address (III_URL) for their way to the bus".into(),
+            ));
         }
         // pasta never runs as host root: a root runner's network namespace belongs to the
         // adapter's subordinate ids, which pasta runs as; an ordinary user's runner owns its

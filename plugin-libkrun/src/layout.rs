@@ -21,8 +21,9 @@ pub struct Layout {
     pub root: PathBuf,
     pub agent_dir: PathBuf,
     pub socket: PathBuf,
-    /// A worker VM's bus socket (see `bus.rs`).
-    pub bus_socket: PathBuf,
+    /// The vsock bus socket of earlier versions' worker VMs (now the bus is pasta's
+    /// forwarded port): removed at each start of a worker VM whose layer has one.
+    pub legacy_bus_socket: PathBuf,
     pub spec: PathBuf,
     pub console_log: PathBuf,
     pub runner_log: PathBuf,
@@ -42,7 +43,7 @@ impl Layout {
             root: layer_dir.join("root"),
             agent_dir: layer_dir.join("agent"),
             socket: layer_dir.join("agent.sock"),
-            bus_socket: layer_dir.join("bus.sock"),
+            legacy_bus_socket: layer_dir.join("bus.sock"),
             spec: layer_dir.join("vm.json"),
             console_log: layer_dir.join("console.log"),
             runner_log: layer_dir.join("runner.log"),
@@ -71,7 +72,7 @@ impl Layout {
         }
         let target = self.agent_dir.join(AGENT_FILE);
         if persistent {
-            for stale in [&target, &self.socket, &self.bus_socket] {
+            for stale in [&target, &self.socket, &self.legacy_bus_socket] {
                 match std::fs::remove_file(stale) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                     _ => {}

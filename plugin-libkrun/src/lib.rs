@@ -10,7 +10,6 @@
 //! | --- | --- |
 //! | [`backend`] | the `Backend`: probe, boot (listen, spawn, accept), the runner process |
 //! | `bounded_log` | the runner's log and the guest console, on disk within a bound |
-//! | `bus` | a worker VM's one way to the engine: its vsock bus socket joined to `III_URL` |
 //! | `vm_spec` | the runner's specification for one sandbox |
 //! | `layout` | the files of a sandbox's layer directory (agent copy, socket, logs) |
 //! | `failure` | boot errors, with the exit status and the console log's tail |
@@ -20,7 +19,6 @@
 mod agent_wait;
 pub mod backend;
 mod bounded_log;
-mod bus;
 mod failure;
 mod layout;
 mod vm_spec;

@@ -9,7 +9,6 @@ use vm_runner::{SpecError, VmSpec};
 
 use egress::network::NetworkSetup;
 
-use crate::bus::BUS_VSOCK_PORT;
 use crate::layout::{agent_in_guest, Layout, AGENT_GUEST_DIR};
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{BootSpec, GuestMount};
@@ -80,9 +79,10 @@ pub fn build(
         "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
         // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
         "console_fd": CONSOLE_FD,
-        // TSI only behind the egress policy (a sandbox with network): the runner's sockets,
-        // which TSI makes the guest's, are then in a namespace of its own where the policy
-        // judges them. A worker VM's only way out is its bus forward (see `bus.rs`).
+        // TSI only behind the egress policy (a sandbox with network, every worker VM): the
+        // runner's sockets, which TSI makes the guest's, are then in a namespace of its own
+        // where the policy judges them; a worker VM's bus is the engine's one port that pasta
+        // forwards from that namespace's loopback.
         "network": false,
     });
     if let Some(setup) = egress {
@@ -98,23 +98,6 @@ pub fn build(
                 "read_only": true,
             }));
     }
-    if let Some(port) = bus_port(spec) {
-        value["vsock"]
-            .as_array_mut()
-            .expect("vsock is an array")
-            .push(json!({
-                "port": BUS_VSOCK_PORT,
-                "socket": layout.bus_socket,
-                "direction": "host-listens",
-            }));
-        value["argv"] = json!([
-            "--confine",
-            "--bus-forward",
-            format!("{port}:{BUS_VSOCK_PORT}"),
-            "--vsock-port",
-            AGENT_VSOCK_PORT.to_string()
-        ]);
-    }
     if spec.persistent_layer {
         value["nested_virt"] = tuning.nested_virt.into();
         value["virtiofs_shm_size_mib"] = tuning.virtiofs_shm_size_mib.into();
@@ -122,16 +105,6 @@ pub fn build(
     }
     let parsed = VmSpec::from_json(&value.to_string())?;
     Ok((value, parsed))
-}
-
-/// The engine's port a worker VM's guest reaches on its own loopback, when it has a bus
-/// (worker VMs with network, the engine on the host's loopback: checked by the backend).
-pub fn bus_port(spec: &BootSpec) -> Option<u16> {
-    let bus = spec
-        .egress
-        .bus
-        .filter(|_| spec.persistent_layer && spec.network)?;
-    bus.ip().is_loopback().then_some(bus.port())
 }
 
 /// One of the sandbox's mounts as the runner's `mounts` entry (made inside the root on the
@@ -252,48 +225,26 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_vm_gets_one_vsock_way_to_the_engine_and_a_sandbox_none() {
+    fn a_worker_vm_has_no_vsock_way_but_the_agents_own_and_no_tsi_without_egress() {
+        // The bus is pasta's forwarded port behind TSI (see `egress_for`), never a vsock
+        // port of its own: one vsock link (the agent's) for sandboxes and worker VMs alike.
         let dir = tempfile::tempdir().unwrap();
-        let (mut spec, layout) = boot_spec(dir.path(), 1, 512);
+        let (mut spec, _) = boot_spec(dir.path(), 1, 512);
         spec.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
-        assert_eq!(vm.vsock.len(), 1, "a sandbox gets no bus: {value}");
-        assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
-
         spec.persistent_layer = true;
         let layout = Layout::new(&spec.layer_dir, true);
         layout.prepare(&spec.agent_path).unwrap();
         let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
-        assert!(!vm.network, "no TSI for a worker VM either");
+        assert!(!vm.network, "no TSI without the egress policy: {value}");
         let overlay = vm.root_overlay.as_ref().unwrap();
         assert_eq!(
             overlay.size_mib, None,
             "a worker VM's layer persists: no tmpfs"
         );
         assert_eq!(overlay.upper, spec.layer_dir.join("upper"));
-        assert_eq!(vm.vsock.len(), 2, "{value}");
-        assert_eq!(value["vsock"][1]["port"], BUS_VSOCK_PORT);
-        assert_eq!(value["vsock"][1]["socket"], json!(layout.bus_socket));
-        assert_eq!(value["vsock"][1]["direction"], "host-listens");
-        assert_eq!(
-            value["argv"],
-            json!([
-                "--confine",
-                "--bus-forward",
-                "49134:1025",
-                "--vsock-port",
-                "1024"
-            ])
-        );
-
-        spec.egress.bus = Some("192.0.2.7:49134".parse().unwrap());
-        assert_eq!(
-            bus_port(&spec),
-            None,
-            "only the host's loopback is forwarded"
-        );
-        spec.egress.bus = None;
-        assert_eq!(bus_port(&spec), None);
+        assert_eq!(vm.vsock.len(), 1, "{value}");
+        assert_eq!(value["vsock"][0]["port"], AGENT_VSOCK_PORT);
+        assert_eq!(value["argv"], json!(["--confine", "--vsock-port", "1024"]));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 #                                             libkrun against bwrap in the same lab run
 #   LAB_TESTS="microvm_sandboxes" LAB_AS_USER=0 LAB_INSTALL=0 tests/vm-lab/libkrun-e2e.sh
 #                                             only those tests, no ordinary-user or install run
+#   LAB_NETWORK_TESTS="a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else"
+#                                             only those network tests (root, ordinary user)
 #
 # Builds what it needs (honours CARGO_TARGET_DIR); the static agent comes from
 # SANDBOX_AGENT_PATH, else agent/build-static.sh builds it. Binaries and the prebuilt fixture
@@ -129,12 +131,15 @@ elif [ "$mode" = test ]; then
     # As root every test of the policy; as the ordinary user (what differs: who owns the
     # runner's namespaces) the first and the bus test.
     tests="network_on_reaches_the_public_side_only_and_off_reaches_nothing a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else"
+    # LAB_NETWORK_TESTS: only these network tests, as root and as the ordinary user (a
+    # quicker look at one).
+    tests="${LAB_NETWORK_TESTS:-\$tests}"
     # A run again after a lab guest reset leaves those three out, saying so (about 6 minutes:
     # CI's 90 would not hold two whole lab runs with them).
     more="allow_and_deny_narrow_the_policy_and_a_create_cannot_widen_it dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to"
     if [ -z "\$as_user" ] && [ -n "\$lab_again" ]; then
       echo "[lab] on this run again after a lab guest reset these network tests DID NOT RUN on libkrun: \$more"
-    elif [ -z "\$as_user" ]; then
+    elif [ -z "\$as_user" ] && [ -z "${LAB_NETWORK_TESTS:-}" ]; then
       tests="\$tests \$more"
     fi
     pass "network on libkrun (\${as_user:-root})" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun \

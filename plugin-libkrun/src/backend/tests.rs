@@ -216,6 +216,49 @@ fn network_is_given_behind_the_policy_or_refused_never_the_hosts() {
     };
     assert!(
         backend.egress_for(&worker).is_err(),
-        "a worker VM without a loopback engine gets no way out"
+        "without pasta a worker VM gets no way out either"
+    );
+}
+
+#[test]
+fn a_worker_vms_bus_is_pastas_one_forwarded_port_behind_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = LibkrunBackend::with_runner(dir.path().join("runner"));
+    backend.egress_tools = HostTools {
+        pasta: Some("/usr/bin/pasta".into()),
+        nft: Some("/usr/sbin/nft".into()),
+        host_addrs: vec!["192.0.2.1".parse().unwrap()],
+    };
+    let mut worker = BootSpec {
+        network: true,
+        persistent_layer: true,
+        ..test_boot_spec(dir.path())
+    };
+    worker.egress.bus = None;
+    let refused = backend.egress_for(&worker).unwrap_err().to_string();
+    assert!(refused.contains("III_URL"), "{refused}");
+    if let Some(why) = backend.egress_tools.unavailable() {
+        println!("the worker VM's egress set-up checks DID NOT RUN: {why}");
+        return;
+    }
+
+    // The engine on the host's loopback: its port, and no other, forwarded into the
+    // runner's namespace, where TSI makes the guest's connection to it the runner's.
+    worker.egress.bus = Some("127.0.0.1:49134".parse().unwrap());
+    let setup = backend.egress_for(&worker).unwrap().expect("egress");
+    assert_eq!(setup.forwarded_ports, vec![49134]);
+    let tcp_ns = setup.pasta_args.iter().position(|a| a == "--tcp-ns");
+    assert_eq!(
+        tcp_ns.map(|i| setup.pasta_args[i + 1].as_str()),
+        Some("49134")
+    );
+    // An engine on another host: no forward, one accept rule for its address and port.
+    worker.egress.bus = Some("192.0.2.7:49134".parse().unwrap());
+    let setup = backend.egress_for(&worker).unwrap().expect("egress");
+    assert!(setup.forwarded_ports.is_empty());
+    assert!(
+        setup.rules.contains("192.0.2.7 tcp dport 49134 accept"),
+        "{}",
+        setup.rules
     );
 }
