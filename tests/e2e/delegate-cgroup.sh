@@ -22,9 +22,10 @@ if [ -f "$root/cgroup.controllers" ]; then
     grep -qw "$c" "$root/cgroup.controllers" && wanted="$wanted +$c"
   done
   if [ -n "$wanted" ] && echo "$wanted" > "$root/cgroup.subtree_control" 2>/dev/null; then
-    mkdir -p "$root/$name"
-    chown "$user:" "$root/$name" "$root/$name"/cgroup.{procs,subtree_control,threads}
-    made+=("$root/$name")
+    if mkdir -p "$root/$name" \
+      && chown "$user:" "$root/$name" "$root/$name"/cgroup.{procs,subtree_control,threads}; then
+      made+=("$root/$name")
+    fi
   fi
 else
   for c in memory cpu pids; do
@@ -34,7 +35,7 @@ else
     dir="$root/$c${own%/}/$name"
     mkdir -p "$dir" 2>/dev/null || continue
     # The group and what moving processes needs, not its own limit files (as systemd does).
-    chown "$user:" "$dir" "$dir/cgroup.procs" "$dir/tasks"
+    chown "$user:" "$dir" "$dir/cgroup.procs" "$dir/tasks" || continue
     made+=("$dir")
   done
 fi
