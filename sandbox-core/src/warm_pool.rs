@@ -44,6 +44,9 @@ use crate::registry::{Reservation, Sandbox};
 /// How often the refiller looks again without being woken (a stop freed a slot, a backoff
 /// ended).
 const REFILL_TICK: Duration = Duration::from_millis(500);
+/// How long the refill waits after a change before it boots (see `spawn`): longer than a
+/// caller's create -> first exec (a few ms), short beside a boot's own time.
+const REFILL_SETTLE: Duration = Duration::from_millis(20);
 /// Backoff after a failed pool boot: doubles from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_LAST: Duration = Duration::from_secs(60);
@@ -207,7 +210,15 @@ pub(crate) fn spawn<B: Backend>(plugin: &Arc<SandboxPlugin<B>>) {
                 continue;
             }
             drop(strong);
-            let _ = tokio::time::timeout(REFILL_TICK, changed.notified()).await;
+            if tokio::time::timeout(REFILL_TICK, changed.notified())
+                .await
+                .is_ok()
+            {
+                // A change (most often a create that took a pooled sandbox): the refill's
+                // boot waits a moment, so it does not compete for the CPU with that
+                // caller's first requests on the sandbox just handed out.
+                tokio::time::sleep(REFILL_SETTLE).await;
+            }
         }
     });
 }
