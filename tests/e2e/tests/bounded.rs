@@ -54,10 +54,7 @@ async fn a_fork_bomb_is_capped_and_the_sandbox_then_runs_echo() {
     let id = create(&stack, "python", json!({})).await;
     // The limit is the sandbox's cgroup's (v1 `pids` hierarchy here, or v2).
     let group = sandbox_support::cgroup_name(&stack, &id);
-    let pids_dirs: Vec<_> = sandbox_support::cgroups_named(&group)
-        .into_iter()
-        .filter(|dir| dir.join("pids.max").is_file())
-        .collect();
+    let pids_dirs = sandbox_support::pids_groups(&group);
     assert_eq!(pids_dirs.len(), 1, "one pids group for {group}");
     let limit = std::fs::read_to_string(pids_dirs[0].join("pids.max")).unwrap();
     assert_eq!(limit.trim(), PIDS.to_string());

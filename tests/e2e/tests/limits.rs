@@ -5,8 +5,8 @@ mod sandbox_support;
 
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{
-    cgroup_name, cgroups_named, create, exec, exec_ok, expect_err, layers_on_disk, live_ids, sh,
-    stop,
+    cgroup_name, cgroups_named, create, exec, exec_ok, expect_err, layers_on_disk, live_ids,
+    pids_groups, sh, stop,
 };
 use serde_json::json;
 
@@ -113,17 +113,9 @@ fn limits_are_in_force(group: &str) {
     assert!(members > 0, "group {group} has no hierarchy");
     // The pids limit (`max_pids_per_sandbox`, default 1024): in the v2 group, or the v1
     // `pids` hierarchy.
-    let pids = pids_group(group).expect("a pids group");
+    let pids = pids_groups(group).pop().expect("a pids group");
     let max = std::fs::read_to_string(pids.join("pids.max")).unwrap_or_default();
     assert_eq!(max.trim(), "1024", "{}", pids.display());
-}
-
-/// The directory holding group `name`'s `pids.max` (the v2 group or the v1 `pids`
-/// hierarchy's), if any.
-fn pids_group(name: &str) -> Option<std::path::PathBuf> {
-    cgroups_named(name)
-        .into_iter()
-        .find(|dir| dir.join("pids.max").is_file())
 }
 
 #[tokio::test(flavor = "multi_thread")]

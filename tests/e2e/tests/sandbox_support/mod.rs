@@ -204,6 +204,15 @@ pub fn cgroups_named(name: &str) -> Vec<PathBuf> {
     cgroup_dirs(&|group| group == name)
 }
 
+/// Group `name`'s directories holding a `pids.max` (the v2 group, or the v1 `pids`
+/// hierarchy's): one where the pids limit is in force.
+pub fn pids_groups(name: &str) -> Vec<PathBuf> {
+    cgroups_named(name)
+        .into_iter()
+        .filter(|dir| dir.join("pids.max").is_file())
+        .collect()
+}
+
 /// Every cgroup directory under `/sys/fs/cgroup` (all hierarchies, v1 and v2) whose name
 /// passes `wanted`; links (`cpu -> cpu,cpuacct`) are not followed, so none is seen twice,
 /// and a wanted group is not searched further.
