@@ -12,10 +12,17 @@
 # no console line). A failed test whose own output shows either is run once more, by name
 # (`--exact`, appended to COMMAND), saying so; the pass then fails only if a test fails again.
 # The worker-VM rounds are never run again here: they run a reset round once more themselves.
+#
+# What each pass ended with is kept in the scratch share ($lab_state), which outlives the lab
+# guest: when the whole lab guest resets (its L1 kernel under emulated nested SVM panics now and
+# then) and lab.sh boots it again, the inner script runs again from the top, and every pass
+# that had already ended (passed or failed) is not run again: its result stands, saying so.
+# Only the pass the reset interrupted runs again, from its start.
 
 lab_failed=""
 lab_failed_logs=""
-lab_passes=0
+lab_state=/tmp/vm-lab/passes
+mkdir -p "$lab_state"
 
 # The names libtest lists under its last `failures:` heading.
 lab_failed_tests() {
@@ -38,29 +45,40 @@ lab_reset_in() {
 }
 
 pass() {
-  local label=$1 out again=""
+  local label=$1 out again="" key
   shift
-  lab_passes=$((lab_passes + 1))
-  out=/tmp/vm-lab-pass-$lab_passes.log
+  key=$(printf '%s' "$label" | tr -c 'A-Za-z0-9' _)
+  if [ -f "$lab_state/$key.passed" ]; then
+    echo "[lab] $label: passed before the lab guest reset (its log: $(cat "$lab_state/$key.passed")), not run again"
+    return 0
+  fi
+  if [ -f "$lab_state/$key.failed" ]; then
+    echo "[lab] $label: failed before the lab guest reset, not run again (its result stands)"
+    lab_failed="$lab_failed; $label"
+    lab_failed_logs="$lab_failed_logs $(cat "$lab_state/$key.failed")"
+    return 0
+  fi
+  out=$lab_state/$key.1.log
   "$@" 2>&1 | tee "$out"
-  [ "${PIPESTATUS[0]}" = 0 ] && return 0
+  if [ "${PIPESTATUS[0]}" = 0 ]; then echo "$out" > "$lab_state/$key.passed"; return 0; fi
   for name in $(lab_failed_tests "$out"); do
     case $name in *round_after_round*) again=""; break ;; esac
     if lab_reset_in "$out" "$name"; then again="$again $name"; else again=""; break; fi
   done
   if [ -n "$again" ]; then
     echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run once more:$again"
-    lab_passes=$((lab_passes + 1))
-    out=/tmp/vm-lab-pass-$lab_passes.log
+    out=$lab_state/$key.2.log
     "$@" --exact $again 2>&1 | tee "$out"
     if [ "${PIPESTATUS[0]}" = 0 ]; then
       echo "[lab] $label: passed when run again after the lab's guest reset:$again"
+      echo "$out" > "$lab_state/$key.passed"
       return 0
     fi
   fi
   lab_failed="$lab_failed; $label"
   lab_failed_logs="$lab_failed_logs $out"
   echo "$label" > "$out.label"
+  echo "$out" > "$lab_state/$key.failed"
 }
 
 finish() {

@@ -13,14 +13,15 @@
 #
 # Environment: LAB_TIMEOUT (s, whole run, default 900), LAB_MEM (MiB, 2048), LAB_SMP (2),
 # LAB_SCRATCH_DIR, LAB_ENV (names of extra variables passed to CMD), LAB_RETRIES (boots after a
-# guest that reset by itself, default 1), LAB_VERBOSE=1 (kernel
-# log). Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
+# guest that reset by itself, default 3), LAB_DEADLINE (epoch seconds no attempt outlasts),
+# LAB_VERBOSE=1 (kernel log).
+# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
 # Needs: tests/vm-lab/install.sh. Exit codes besides CMD's: 97 bad usage or missing tool,
 # 98 the guest stopped before CMD finished (timeout or crash), 99 no /dev/kvm in the guest.
 set -euo pipefail
 
 [ "${1:-}" = "--" ] && shift
-if [ $# -eq 0 ]; then sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 97; fi
+if [ $# -eq 0 ]; then sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 97; fi
 for tool in qemu-system-x86_64 busybox cpio depmod modprobe apt-get dpkg-deb timeout; do
   command -v "$tool" >/dev/null || { echo "lab.sh: $tool missing: run tests/vm-lab/install.sh" >&2; exit 97; }
 done
@@ -127,20 +128,32 @@ rm -f "$SCRATCH/rc"
   echo "export LAB_SCRATCH=/tmp/vm-lab TMPDIR=/tmp"
   printf 'exec'; printf ' %q' "$@"; echo
 } > "$SCRATCH/cmd.sh"
-echo $(( LAB_TIMEOUT > 60 ? LAB_TIMEOUT - 20 : LAB_TIMEOUT )) > "$SCRATCH/timeout"
 
 # --- 4. boot ---------------------------------------------------------------------------------
 # A guest that resets on its own (qemu exits 0 with no status written: under TCG's emulated
 # nested SVM the L1 kernel sometimes triple-faults, silently: seen once in about a dozen lab boots)
-# says nothing about CMD, so it gets LAB_RETRIES more boots (default 1), each announced. A
-# timeout is never retried: that is CMD's own result.
+# says nothing about CMD, so it gets LAB_RETRIES more boots (default 3), each announced; CMD
+# may keep what it finished in $LAB_SCRATCH and go on from there (libkrun-e2e.sh does). A
+# timeout is never retried: that is CMD's own result. LAB_DEADLINE (seconds since the epoch;
+# .ci/run sets it inside CI's 90 minutes) shortens an attempt to end by it, and no attempt
+# starts with under 3 minutes left, saying so.
 APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1}"
-attempts=$(( ${LAB_RETRIES:-1} + 1 ))
+attempts=$(( ${LAB_RETRIES:-3} + 1 ))
 for attempt in $(seq 1 "$attempts"); do
   rm -f "$SCRATCH/rc"
+  limit=$LAB_TIMEOUT
+  if [ -n "${LAB_DEADLINE:-}" ]; then
+    left=$(( LAB_DEADLINE - $(date +%s) ))
+    if [ "$left" -lt 180 ]; then
+      echo "lab.sh: LAB_DEADLINE leaves ${left}s: attempt $attempt/$attempts NOT BOOTED" >&2
+      rc=98; break
+    fi
+    [ "$left" -lt "$limit" ] && { limit=$left; log "LAB_DEADLINE: this attempt ends within ${left}s"; }
+  fi
+  echo $(( limit > 60 ? limit - 20 : limit )) > "$SCRATCH/timeout"
   log "booting $KVER under TCG (-cpu max, smp $LAB_SMP, ${LAB_MEM} MiB), attempt $attempt/$attempts"
   set +e
-  timeout -k 10 "$LAB_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
+  timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
     -smp "$LAB_SMP" -m "$LAB_MEM" -nographic -nodefaults -no-reboot -serial stdio \
     -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot \
