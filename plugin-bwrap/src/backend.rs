@@ -65,14 +65,7 @@ impl BwrapBackend {
         limits_in_force.push("disk");
         let mke2fs = id_map
             .needs_idmapped_mounts()
-            .then(|| {
-                find_in_path("mke2fs").or_else(|| {
-                    ["/usr/sbin/mke2fs", "/sbin/mke2fs"]
-                        .into_iter()
-                        .map(PathBuf::from)
-                        .find(|p| p.is_file())
-                })
-            })
+            .then(layer_disk::find_mke2fs)
             .flatten();
         let worker_layers = worker_layer_disk(mke2fs.is_some());
         if mke2fs.is_some() {
@@ -171,9 +164,14 @@ impl Backend for BwrapBackend {
         let disk = match (spec.persistent_layer, &self.mke2fs) {
             (false, _) => Some(tmpfs),
             (true, Some(mke2fs)) => {
-                let image = disk::ensure_image(mke2fs, &spec.layer_dir, spec.disk_mb)
-                    .await
-                    .map_err(|e| boot_error("cannot make the layer's disk image", e))?;
+                let (mke2fs, layer_dir, size_mb) =
+                    (mke2fs.clone(), spec.layer_dir.clone(), spec.disk_mb);
+                let image = tokio::task::spawn_blocking(move || {
+                    layer_disk::ensure_image(&mke2fs, &layer_dir, size_mb)
+                })
+                .await
+                .map_err(|e| boot_error("cannot make the layer's disk image", e.into()))?
+                .map_err(|e| boot_error("cannot make the layer's disk image", e))?;
                 Some(Disk {
                     image: Some(path(&image)),
                     ..tmpfs

@@ -37,6 +37,9 @@ pub struct LibkrunBackend {
     agent_wait: Duration,
     /// A sandbox's egress (`network: true`) needs pasta and nft; without them it is S300.
     egress_tools: HostTools,
+    /// Worker VMs' persistent layers as ext4 images: a root adapter (its runner can attach
+    /// loop devices) with `mke2fs`; else plain directories, unbounded (see `worker_layers`).
+    mke2fs: Option<PathBuf>,
 }
 
 impl LibkrunBackend {
@@ -52,12 +55,41 @@ impl LibkrunBackend {
             tuning: VmTuning::get(),
             agent_wait: crate::agent_wait::from_env(),
             egress_tools: HostTools::find(),
+            mke2fs: nix::unistd::geteuid()
+                .is_root()
+                .then(layer_disk::find_mke2fs)
+                .flatten(),
+        }
+    }
+
+    /// The layout of `spec`'s layer: a worker VM's bounded by its image when we make them.
+    fn layout(&self, spec: &BootSpec) -> Layout {
+        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
+        if spec.persistent_layer && self.mke2fs.is_some() {
+            layout.with_image(&spec.layer_dir)
+        } else {
+            layout
+        }
+    }
+
+    /// How worker VMs' persistent layers are bounded here, for `adapter::info`.
+    fn worker_layer_disk(&self) -> &'static str {
+        if self.mke2fs.is_some() {
+            "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), which the VM runner mounts through a loop device in its own mount namespace: persistent, ENOSPC in the guest past it"
+        } else {
+            "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (an ordinary-user adapter's runner has no loop devices, or mke2fs is missing); sandboxes are bounded"
         }
     }
 
     /// The same backend giving worker VMs `tuning` instead.
     pub fn with_tuning(self, tuning: VmTuning) -> Self {
         Self { tuning, ..self }
+    }
+
+    /// The same backend making worker VMs' layer images with `mke2fs` (or not, with `None`).
+    #[cfg(test)]
+    pub(crate) fn with_mke2fs(self, mke2fs: Option<PathBuf>) -> Self {
+        Self { mke2fs, ..self }
     }
 
     /// The runner binary this backend starts.
@@ -73,8 +105,18 @@ impl LibkrunBackend {
         if !self.runner.is_file() {
             return Err(BootError::NoRunner(self.runner.display().to_string()));
         }
-        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
+        let layout = self.layout(spec);
         layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
+        if let (Some(mke2fs), Some(_)) = (&self.mke2fs, &layout.image) {
+            let (mke2fs, layer_dir, size_mb) =
+                (mke2fs.clone(), spec.layer_dir.clone(), spec.disk_mb);
+            tokio::task::spawn_blocking(move || {
+                layer_disk::ensure_image(&mke2fs, &layer_dir, size_mb)
+            })
+            .await
+            .map_err(|e| BootError::Layer(std::io::Error::other(e)))?
+            .map_err(BootError::Layer)?;
+        }
         if egress.is_some() {
             std::fs::write(&layout.resolv_conf, resolv_conf()).map_err(BootError::Layer)?;
         }
@@ -153,9 +195,10 @@ impl LibkrunBackend {
     /// sandbox everything (its root must be fresh), for a worker VM only the runtime files
     /// (its layer persists; the guest never got to run the workload).
     fn clear_failed_boot(&self, spec: &BootSpec) -> std::io::Result<()> {
-        let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
+        let layout = self.layout(spec);
         let mut dirs = vec![&layout.root, &layout.agent_dir];
-        // A sandbox's upper and work went with its runner's tmpfs; its mount point stays.
+        // A sandbox's upper and work went with its runner's tmpfs, a worker VM's stay in its
+        // image; on the host the mount point is an empty directory.
         dirs.extend(&layout.disk);
         for dir in dirs {
             match sandbox_core::remove_tree::remove_tree(dir) {
@@ -237,7 +280,7 @@ impl Backend for LibkrunBackend {
             "network": network,
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
-                "worker_layers": "a directory of the worker's layer on the host: persistent, NOT bounded yet",
+                "worker_layers": self.worker_layer_disk(),
             },
         })
     }

@@ -11,11 +11,17 @@ pub const AGENT_GUEST_DIR: &str = "/.iii-agent";
 pub const AGENT_FILE: &str = "sandbox-agent";
 
 pub struct Layout {
-    /// A sandbox's (ephemeral) layer: where the runner mounts the tmpfs of the sandbox's
-    /// `disk_mb` that holds `upper` and `work` (on the host it stays an empty directory).
-    /// `None` for a worker VM's persistent layer, whose `upper` and `work` are directories
-    /// of the layer that outlive each boot.
+    /// Where the runner mounts the bounded filesystem holding `upper` and `work` (on the
+    /// host it stays an empty directory): for a sandbox (ephemeral layer) a tmpfs of its
+    /// `disk_mb`; for a worker VM with [`Layout::image`] that image. `None` for a worker VM's
+    /// persistent layer without an image, whose `upper` and `work` are directories of the
+    /// layer that outlive each boot (unbounded).
     pub disk: Option<PathBuf>,
+    /// A worker VM's persistent layer as an ext4 image of `disk_mb` (root adapter): see
+    /// [`Layout::with_image`].
+    pub image: Option<PathBuf>,
+    /// A worker VM's layer: what it holds outlives each boot.
+    pub persistent: bool,
     pub upper: PathBuf,
     pub work: PathBuf,
     pub root: PathBuf,
@@ -40,6 +46,8 @@ impl Layout {
             upper: overlay_dir.join("upper"),
             work: overlay_dir.join("work"),
             disk,
+            image: None,
+            persistent,
             root: layer_dir.join("root"),
             agent_dir: layer_dir.join("agent"),
             socket: layer_dir.join("agent.sock"),
@@ -51,15 +59,30 @@ impl Layout {
         }
     }
 
+    /// A persistent layer bounded by its ext4 image (`disk.img`, made by the adapter, mounted
+    /// by the root runner on `disk`): `upper` and `work` live in the image. A layer whose
+    /// earlier boots used plain directories (`upper`, `work` of the layer, from before
+    /// images) starts from the image's empty upper; the old directories are left as they are.
+    pub fn with_image(self, layer_dir: &Path) -> Self {
+        let disk = layer_dir.join("disk");
+        Self {
+            upper: disk.join("upper"),
+            work: disk.join("work"),
+            image: Some(layer_dir.join(layer_disk::IMAGE_FILE)),
+            disk: Some(disk),
+            ..self
+        }
+    }
+
     /// Creates the directories and puts the agent in its share: a hard link when the state
     /// directory is on the agent's filesystem, else a copy (never the agent's own directory,
     /// which holds the adapter's other files). A `persistent` layer (worker VM) reuses what
     /// its earlier boots left: the upper and work directories as they are, the agent and the
     /// socket replaced (the adapter may have been updated, or killed before removing them).
     pub fn prepare(&self, agent: &Path) -> io::Result<()> {
-        let persistent = self.disk.is_none();
+        let persistent = self.persistent;
         let dirs = match &self.disk {
-            // The runner makes `upper` and `work` in its tmpfs.
+            // The runner makes `upper` and `work` in its tmpfs or image.
             Some(disk) => vec![disk, &self.root, &self.agent_dir],
             None => vec![&self.upper, &self.work, &self.root, &self.agent_dir],
         };

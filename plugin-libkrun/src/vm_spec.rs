@@ -54,12 +54,14 @@ pub fn build(
         "memory_mib": spec.memory_mb.max(MIN_MEMORY_MIB),
         "root": layout.root,
         // A sandbox's writes go to a tmpfs of its disk_mb (ENOSPC past it, nothing on the
-        // host's disk); a worker VM's persistent layer is a directory of its layer, unbounded.
+        // host's disk); a worker VM's persistent layer to its ext4 image of disk_mb (root
+        // adapter), else to a directory of its layer, unbounded.
         "root_overlay": {
             "lower": spec.image_root,
             "upper": layout.upper,
             "work": layout.work,
-            "size_mib": layout.disk.as_ref().map(|_| spec.disk_mb),
+            "size_mib": (!layout.persistent).then_some(spec.disk_mb),
+            "image": layout.image,
         },
         "shares": [{
             "tag": "iii-agent",

@@ -59,8 +59,9 @@ KVER=$(ls "$KDIR/lib/modules" | head -1)
 
 # --- 2. initramfs: static busybox, the module closure, our init ---------------------------
 # tun, nftables and veth: a microVM sandbox's egress (pasta, the policy) and the network
-# test's own namespaces; the host's modprobe cannot load the lab kernel's modules later.
-MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay tun veth dummy crc32c_generic nf_tables nft_chain_nat nft_redir nft_ct nft_reject_inet"
+# test's own namespaces; loop and ext4: a root adapter's worker layers (ext4 images); the
+# host's modprobe cannot load the lab kernel's modules later.
+MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay loop ext4 tun veth dummy crc32c_generic nf_tables nft_chain_nat nft_redir nft_ct nft_reject_inet"
 read -r -d '' GUEST_INIT <<'INIT' || true
 #!/bin/sh
 export PATH=/bin

@@ -36,6 +36,13 @@ pub enum OverlayError {
     Disk(#[from] MountError),
     #[error("an overlay path holds a NUL byte")]
     Nul,
+    /// The ext4 image that bounds a persistent layer.
+    #[error("the layer's image: {0}")]
+    Image(std::io::Error),
+    #[error(
+        "a layer image needs a loop device, which only a runner started by host root can attach"
+    )]
+    ImageNeedsRoot,
 }
 
 /// In a user namespace just made: the caller's own ids become root, the only mapping an
@@ -103,6 +110,23 @@ pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
         guest_mounts::tmpfs(dir, Some(size))?;
         for made in [&overlay.upper, &overlay.work] {
             std::fs::create_dir(made).map_err(|e| guest_mounts::io_error("make", made, e))?;
+        }
+    }
+    // A persistent layer's bound: its ext4 image, through a loop device (host root only),
+    // mounted nosuid and nodev like the tmpfs; `upper` and `work` are kept from earlier boots.
+    if let (Some(image), Some(dir)) = (&overlay.image, overlay.disk_dir()) {
+        if in_own_user_namespace() {
+            return Err(OverlayError::ImageNeedsRoot);
+        }
+        layer_disk::mount_image(image, dir, libc::MS_NOSUID | libc::MS_NODEV)
+            .map_err(OverlayError::Image)?;
+        for made in [&overlay.upper, &overlay.work] {
+            match std::fs::create_dir(made) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(guest_mounts::io_error("make", made, e).into())
+                }
+                _ => {}
+            }
         }
     }
     // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.

@@ -73,12 +73,25 @@ pub struct RootOverlay {
     /// memory and nothing on disk, and the layer goes with the runner (an ephemeral root).
     #[serde(default)]
     pub size_mib: Option<u32>,
+    /// Bounds a persistent layer (a worker VM's): an ext4 image the adapter made (sparse, of
+    /// the layer's size), which the runner attaches to a loop device and mounts on the
+    /// directory holding `upper` and `work` (making them on its first boot). Past its size
+    /// the guest's writes fail with ENOSPC; what it holds outlives the runner. Loop devices
+    /// need host root: an ordinary user's runner refuses it.
+    #[serde(default)]
+    pub image: Option<PathBuf>,
 }
 
 impl RootOverlay {
-    /// Where the tmpfs of `size_mib` is mounted: the directory holding `upper` and `work`.
+    /// Where the tmpfs of `size_mib` or the `image` is mounted: the directory holding
+    /// `upper` and `work`.
     pub fn disk_dir(&self) -> Option<&Path> {
         self.upper.parent()
+    }
+
+    /// Whether the runner mounts a bounded filesystem (and makes `upper` and `work` in it).
+    pub fn bounded(&self) -> bool {
+        self.size_mib.is_some() || self.image.is_some()
     }
 }
 
@@ -228,14 +241,27 @@ pub enum SpecError {
     EgressWithoutNetwork,
     #[error("root_overlay size_mib {0} must be at least 1")]
     DiskSize(u32),
-    #[error("root_overlay with size_mib: upper and work must be two directories in one existing directory (the tmpfs's mount point)")]
+    #[error("root_overlay with size_mib or image: upper and work must be two directories in one existing directory (the mount point)")]
     DiskDirs,
+    #[error("root_overlay: give size_mib (a tmpfs) or image (an ext4 image), not both")]
+    TwoDisks,
+    #[error("root_overlay image {0} must be an absolute path to a regular file (not a link)")]
+    BadImage(PathBuf),
 }
 
-/// A bounded layer: a size, and `upper` and `work` side by side in an existing directory.
-fn validate_disk(overlay: &RootOverlay, size: u32) -> Result<(), SpecError> {
-    if size == 0 {
-        return Err(SpecError::DiskSize(size));
+/// A bounded layer: a size or an image, and `upper` and `work` side by side in an existing
+/// directory.
+fn validate_disk(overlay: &RootOverlay) -> Result<(), SpecError> {
+    match (overlay.size_mib, &overlay.image) {
+        (Some(_), Some(_)) => return Err(SpecError::TwoDisks),
+        (Some(0), None) => return Err(SpecError::DiskSize(0)),
+        (None, Some(image)) => {
+            let regular = std::fs::symlink_metadata(image).is_ok_and(|m| m.file_type().is_file());
+            if !image.is_absolute() || !regular {
+                return Err(SpecError::BadImage(image.clone()));
+            }
+        }
+        _ => {}
     }
     let side_by_side = overlay.upper != overlay.work
         && overlay.upper.file_name().is_some()
@@ -265,16 +291,16 @@ impl VmSpec {
         }
         existing_dir("root", &self.root)?;
         if let Some(overlay) = &self.root_overlay {
-            if let Some(size) = overlay.size_mib {
-                validate_disk(overlay, size)?;
+            if overlay.bounded() {
+                validate_disk(overlay)?;
             }
             for (field, path) in [
                 ("lower", &overlay.lower),
                 ("upper", &overlay.upper),
                 ("work", &overlay.work),
             ] {
-                // With a tmpfs of its own the runner makes `upper` and `work` in it.
-                if field == "lower" || overlay.size_mib.is_none() {
+                // With a tmpfs or an image of its own the runner makes `upper` and `work` in it.
+                if field == "lower" || !overlay.bounded() {
                     existing_dir("root_overlay", path)?;
                 } else {
                     host_absolute("root_overlay", path)?;
@@ -551,6 +577,49 @@ mod tests {
             {"port": 5, "socket": sock, "direction": "guest-listens"}
         ]);
         assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn an_image_bounded_overlay_names_a_regular_file_and_no_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk");
+        std::fs::create_dir(&disk).unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, b"").unwrap();
+        let (upper, work) = (disk.join("upper"), disk.join("work"));
+        let with = |extra: serde_json::Value| {
+            let mut v = base(dir.path());
+            v["root_overlay"] = json!({"lower": dir.path(), "upper": upper, "work": work});
+            for (key, value) in extra.as_object().unwrap() {
+                v["root_overlay"][key] = value.clone();
+            }
+            check(v)
+        };
+        let spec = with(json!({"image": image})).expect("upper and work are made by the runner");
+        let overlay = spec.root_overlay.unwrap();
+        assert_eq!(
+            (overlay.image.as_deref(), overlay.size_mib),
+            (Some(&*image), None)
+        );
+        assert!(overlay.bounded());
+        assert!(matches!(
+            with(json!({"image": image, "size_mib": 64})),
+            Err(SpecError::TwoDisks)
+        ));
+        let link = dir.path().join("link.img");
+        std::os::unix::fs::symlink(&image, &link).unwrap();
+        for bad in [
+            link,
+            dir.path().join("missing.img"),
+            PathBuf::from("disk.img"),
+            disk,
+        ] {
+            assert!(
+                matches!(with(json!({"image": bad})), Err(SpecError::BadImage(_))),
+                "{}",
+                bad.display()
+            );
+        }
     }
 
     #[test]

@@ -472,10 +472,22 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     )
     .unwrap();
     std::fs::write(compose.join("app.txt"), "hello from the host\n").unwrap();
+    std::fs::write(compose.join("fill.py"), filler("/fill")).unwrap();
     let options = libkrun_worker_options(&compose, &[]);
-    let stack = Stack::start(json!({}), options).await;
+    let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
     if !microvms_or_refusal(&stack, test).await {
         return;
+    }
+    // Bounded (a root adapter: the layer's ext4 image), the first start fills the root to
+    // ENOSPC, and the host's state filesystem pays at most the image's size.
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let worker_layers = info["backend"]["isolation"]["disk"]["worker_layers"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let bounded = !worker_layers.starts_with("NOT bounded");
+    if !bounded {
+        println!("\n*** {test}: the worker layer's fill check DID NOT RUN: {worker_layers} ***\n");
     }
     let prepared = worker_ok(
         &stack,
@@ -484,12 +496,20 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     )
     .await;
     assert_eq!(prepared["state"], "prepared", "{prepared}");
-    let script = "ls /worker; cat /worker/app.txt; \
+    let fill = if bounded {
+        "[ -f /opt/x ] || python3 /worker/fill.py; rm -f /fill; "
+    } else {
+        ""
+    };
+    let script = format!(
+        "{fill}ls /worker; cat /worker/app.txt; \
         touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
         echo x >> /worker/app.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
         [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
-        echo hi > /state/out; echo ready; sleep 1000";
+        echo hi > /state/out; echo ready; sleep 1000"
+    );
     let start = json!({"vm_id": "api", "command": ["sh", "-c", script]});
+    let free_before = free_bytes(stack.state_dir.path());
 
     let started_at = Instant::now();
     let started = worker_ok(&stack, "start", start.clone()).await;
@@ -505,6 +525,20 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     assert!(!log.contains("compose-secret"), "{log}");
     assert!(log.contains("hello from the host"), "{log}");
     assert!(!log.contains("root-kept"), "a fresh root: {log}");
+    if bounded {
+        let lost_mb = free_before.saturating_sub(free_bytes(stack.state_dir.path())) >> 20;
+        println!(
+            "worker layer fill: {} ; the host lost {lost_mb} MiB",
+            log.lines()
+                .filter(|l| l.starts_with("errno") || l.starts_with("written_mb"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        assert!(log.contains("errno 28 ENOSPC"), "{log}");
+        assert!(number(&log, "written_mb ") <= DISK_MB, "{log}");
+        // The image file holds at most its size; logs and the layer's files come besides.
+        assert!(lost_mb < DISK_MB + 48, "the host lost {lost_mb} MiB");
+    }
     assert!(
         log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
         "/worker and its files are read-only: {log}"
