@@ -195,15 +195,18 @@ fn enter_namespace_held_by(owner: (u32, u32)) -> Result<Pid, String> {
 /// The holder's side: tied to the starter's life, becomes `owner`, makes the user and
 /// network namespaces and maps itself to root in the former.
 fn hold_namespace(owner: (u32, u32), parent: Pid) -> Result<(), String> {
+    let (uid, gid) = owner;
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setgid(nix::unistd::Gid::from_raw(gid)).map_err(|e| format!("setgid: {e}"))?;
+    nix::unistd::setuid(nix::unistd::Uid::from_raw(uid)).map_err(|e| format!("setuid: {e}"))?;
+    // Tied to the starter only now: a change of credentials clears the parent-death signal
+    // (set before the setuid, the holder outlived its runner, and kept the runner's mount
+    // namespace, a worker's layer image with it, alive).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| format!("cannot tie to the starter: {e}"))?;
     if nix::unistd::getppid() != parent {
         return Err("the starter is gone".into());
     }
-    let (uid, gid) = owner;
-    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-    nix::unistd::setgid(nix::unistd::Gid::from_raw(gid)).map_err(|e| format!("setgid: {e}"))?;
-    nix::unistd::setuid(nix::unistd::Uid::from_raw(uid)).map_err(|e| format!("setuid: {e}"))?;
     // setuid made us non-dumpable, which leaves /proc/self/* root's: our own maps below, and
     // pasta (as `owner`) opening /proc/<us>/ns/*, need them ours.
     nix::sys::prctl::set_dumpable(true).map_err(|e| format!("cannot be dumpable: {e}"))?;
@@ -573,4 +576,69 @@ fn loopback_up() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set when this test binary is started again as the starter of a held namespace.
+    const STARTER_ENV: &str = "EGRESS_TEST_HOLDER_STARTER";
+
+    /// The holder of a namespace owned by other ids dies with its starter (a root runner):
+    /// the starter, this test run again alone in a process of its own, makes the namespace,
+    /// prints the holder's pid and is killed.
+    #[test]
+    fn a_namespace_holder_owned_by_other_ids_dies_with_its_starter() {
+        if std::env::var_os(STARTER_ENV).is_some() {
+            // The starter: single-threaded here (--test-threads=1 runs us on the main thread).
+            let holder = enter_namespace_held_by((65534, 65534)).expect("the namespace");
+            println!("holder {holder}");
+            std::io::Write::flush(&mut std::io::stdout()).unwrap();
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        if !nix::unistd::geteuid().is_root() {
+            println!("DID NOT RUN: needs root (the holder becomes other ids)");
+            return;
+        }
+        let mut starter = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "netns::tests::a_namespace_holder_owned_by_other_ids_dies_with_its_starter",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(STARTER_ENV, "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(starter.stdout.take().unwrap());
+        let mut line = String::new();
+        let holder = loop {
+            line.clear();
+            assert_ne!(
+                std::io::BufRead::read_line(&mut out, &mut line).unwrap(),
+                0,
+                "the starter ended without a holder"
+            );
+            // libtest's "test NAME ... " has no newline before our line.
+            if let Some((_, pid)) = line.trim().split_once("holder ") {
+                break pid.parse::<i32>().unwrap();
+            }
+        };
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{holder}/stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+        };
+        assert!(alive(), "the holder {holder} runs while its starter does");
+        starter.kill().unwrap();
+        starter.wait().unwrap();
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            !alive()
+        });
+        assert!(gone, "the holder {holder} outlived its starter");
+    }
 }

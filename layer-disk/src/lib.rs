@@ -22,6 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// A persistent layer's ext4 image, in the layer directory.
 pub const IMAGE_FILE: &str = "disk.img";
@@ -88,11 +89,23 @@ pub fn ensure_image(mke2fs: &Path, layer_dir: &Path, size_mb: u32) -> io::Result
     Ok(image)
 }
 
+/// How long a mount waits for an earlier mount of the same image to be gone.
+pub const EARLIER_MOUNT_WAIT: Duration = Duration::from_secs(60);
+
 /// Attaches `image` to a free loop device and mounts its ext4 filesystem at `at` with
 /// `flags` (in the caller's mount namespace; host root). The mount then holds the device,
 /// which the kernel frees once the mount is gone (auto-clear).
+///
+/// One mount of an image at a time: the image is locked (`flock`) on the descriptor the loop
+/// device keeps, so the lock lasts until the kernel has let go of the filesystem, which can
+/// be after the process that mounted it is gone (its mount namespace ends with the last
+/// process in it, then the filesystem is flushed and the device cleared). A second mount of
+/// the same image meanwhile would read it before that flush (and two ext4 instances on one
+/// image corrupt it): this waits up to [`EARLIER_MOUNT_WAIT`] for the lock instead.
 pub fn mount_image(image: &Path, at: &Path, flags: libc::c_ulong) -> io::Result<()> {
-    let device = LoopDevice::attach(image)?;
+    let backing = open_image(image)?;
+    lock_within(&backing, image, EARLIER_MOUNT_WAIT)?;
+    let device = LoopDevice::attach(&backing, image)?;
     let c_path = |p: &Path| {
         CString::new(p.as_os_str().as_bytes())
             .map_err(|_| io::Error::other(format!("{} holds a NUL byte", p.display())))
@@ -159,19 +172,49 @@ struct LoopDevice {
     _device: File,
 }
 
-impl LoopDevice {
-    fn attach(image: &Path) -> io::Result<LoopDevice> {
-        let backing = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(image)?;
-        if !backing.metadata()?.is_file() {
+/// The image, read-write, never through a link, and only if it is a regular file.
+fn open_image(image: &Path) -> io::Result<File> {
+    let backing = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(image)?;
+    if !backing.metadata()?.is_file() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file",
+            image.display()
+        )));
+    }
+    Ok(backing)
+}
+
+/// Takes `file`'s exclusive lock, waiting up to `wait` for whoever holds it.
+fn lock_within(file: &File, image: &Path, wait: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + wait;
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+        if Instant::now() >= deadline {
             return Err(io::Error::other(format!(
-                "{} is not a regular file",
-                image.display()
+                "{} is still mounted by an earlier boot after {} s",
+                image.display(),
+                wait.as_secs()
             )));
         }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl LoopDevice {
+    /// Binds a free loop device to `backing` (the opened `image`); the device keeps its own
+    /// reference to that open file, and with it the file's lock.
+    fn attach(backing: &File, image: &Path) -> io::Result<LoopDevice> {
         let control = OpenOptions::new()
             .read(true)
             .write(true)
@@ -239,6 +282,30 @@ mod tests {
     fn the_loop_structs_have_the_kernels_layout() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
         assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+
+    #[test]
+    fn a_locked_image_waits_for_its_holder_then_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join(IMAGE_FILE);
+        std::fs::write(&image, b"").unwrap();
+        let holder = open_image(&image).unwrap();
+        lock_within(&holder, &image, Duration::ZERO).unwrap();
+        let second = open_image(&image).unwrap();
+        let err = lock_within(&second, &image, Duration::from_millis(120)).unwrap_err();
+        assert!(
+            err.to_string().contains("still mounted by an earlier boot"),
+            "{err}"
+        );
+        let released = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(holder);
+        });
+        lock_within(&second, &image, Duration::from_secs(10)).expect("taken once released");
+        released.join().unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&image, &link).unwrap();
+        assert!(open_image(&link).is_err(), "never through a link");
     }
 
     #[test]
