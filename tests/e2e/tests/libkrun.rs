@@ -738,9 +738,17 @@ async fn microvms_cannot_escape_to_the_host() {
     let planted = log.lines().filter(|l| l.starts_with("planted ")).count();
     assert_eq!(planted, 2, "the root and /state plants were made: {log}");
     let found = assert_plants_out_of_reach(stack.state_dir.path(), stack.adapter.pid());
+    // A layer bounded by its ext4 image (root adapter) holds the root's plant inside the
+    // image, where no host path reaches it: only the /state plant is a host file then.
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let in_image = !info["backend"]["isolation"]["disk"]["worker_layers"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("NOT bounded");
     assert_eq!(
-        found, 2,
-        "both plants are in the worker's directories on the host"
+        found,
+        if in_image { 1 } else { 2 },
+        "the plants are in the worker's directories on the host (the root's in its image: {in_image})"
     );
     worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
 
