@@ -13,7 +13,7 @@
 #
 # Environment: LAB_TIMEOUT (s, whole run, default 900), LAB_MEM (MiB, 2048), LAB_SMP (2),
 # LAB_SCRATCH_DIR, LAB_ENV (names of extra variables passed to CMD), LAB_RETRIES (boots after a
-# guest that reset by itself, default 3), LAB_DEADLINE (epoch seconds no attempt outlasts),
+# guest that reset by itself, default 8), LAB_DEADLINE (epoch seconds no attempt outlasts),
 # LAB_VERBOSE=1 (kernel log).
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
 # Needs: tests/vm-lab/install.sh. Exit codes besides CMD's: 97 bad usage or missing tool,
@@ -133,13 +133,13 @@ rm -f "$SCRATCH/rc"
 # --- 4. boot ---------------------------------------------------------------------------------
 # A guest that resets on its own (qemu exits 0 with no status written: under TCG's emulated
 # nested SVM the L1 kernel sometimes triple-faults, silently: seen once in about a dozen lab boots)
-# says nothing about CMD, so it gets LAB_RETRIES more boots (default 3), each announced; CMD
+# says nothing about CMD, so it gets LAB_RETRIES more boots (default 8), each announced; CMD
 # may keep what it finished in $LAB_SCRATCH and go on from there (libkrun-e2e.sh does). A
 # timeout is never retried: that is CMD's own result. LAB_DEADLINE (seconds since the epoch;
 # .ci/run sets it inside CI's 90 minutes) shortens an attempt to end by it, and no attempt
 # starts with under 3 minutes left, saying so.
 APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1}"
-attempts=$(( ${LAB_RETRIES:-3} + 1 ))
+attempts=$(( ${LAB_RETRIES:-8} + 1 ))
 for attempt in $(seq 1 "$attempts"); do
   rm -f "$SCRATCH/rc"
   limit=$LAB_TIMEOUT
