@@ -32,23 +32,6 @@ pub fn block_handled_signals() -> io::Result<()> {
     Ok(())
 }
 
-/// In a freshly forked child: unblocks every signal. The agent's threads block the handled
-/// signals (SIGTERM among them) and a child inherits that mask across exec; std does not
-/// reset it, and a program that cannot receive SIGTERM cannot be stopped gracefully.
-pub fn unblock_all_signals() -> io::Result<()> {
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
-    unsafe { libc::sigemptyset(&mut set) };
-    // SAFETY: `set` is initialised; a null old-set pointer is allowed; sigprocmask is
-    // async-signal-safe (this runs between fork and exec).
-    let rc = unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Waits for one of the handled signals.
 pub fn wait_signal() -> io::Result<libc::c_int> {
     let set = handled_set();
@@ -86,34 +69,6 @@ pub fn become_subreaper() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// In a freshly forked child: die with SIGKILL when the agent dies.
-pub fn die_with_parent() -> io::Result<()> {
-    // SAFETY: prctl is async-signal-safe and takes one integer argument here.
-    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// In a freshly forked child: makes it (and what it starts) the OOM killer's first choice,
-/// ahead of the agent. Raising `oom_score_adj` needs no privilege, where lowering the agent's
-/// own does (CAP_SYS_RESOURCE, which a sandbox's user namespace cannot grant). Best effort:
-/// without `/proc` the child keeps the agent's score.
-pub fn prefer_as_oom_victim() {
-    const PATH: &[u8] = b"/proc/self/oom_score_adj\0";
-    const MOST: &[u8] = b"1000";
-    // SAFETY: open, write and close are async-signal-safe (this runs between fork and exec);
-    // PATH is NUL-terminated and MOST is valid for its length.
-    unsafe {
-        let fd = libc::open(PATH.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, MOST.as_ptr().cast(), MOST.len());
-            libc::close(fd);
-        }
-    }
 }
 
 /// Tries to take the agent out of the OOM killer's choices (`oom_score_adj` -1000): works

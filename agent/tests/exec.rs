@@ -111,6 +111,57 @@ async fn missing_program_is_127_and_non_executable_is_126() {
 }
 
 #[tokio::test]
+async fn a_name_is_looked_up_in_the_programs_own_path_like_execvp() {
+    let agent = start_agent().await;
+    let first = tempfile::tempdir().expect("tempdir");
+    let second = tempfile::tempdir().expect("tempdir");
+    // Not executable in the first directory, executable in the second: the search goes on.
+    std::fs::write(first.path().join("tool"), "#!/bin/sh\necho first\n").expect("write");
+    let runnable = second.path().join("tool");
+    std::fs::write(&runnable, "#!/bin/sh\necho second\n").expect("write");
+    std::fs::set_permissions(
+        &runnable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let path = format!(
+        "{}:{}:/usr/bin:/bin",
+        first.path().display(),
+        second.path().display()
+    );
+    let mut s = spec(&["tool"]);
+    s.env = vec![("PATH".into(), path)];
+    let out = run(&agent, s).await;
+    assert_eq!(out.exit_code, 0, "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "second\n");
+
+    // Only a refused one: that is 126 (EACCES wins over "not found").
+    let mut s = spec(&["tool"]);
+    s.env = vec![("PATH".into(), first.path().display().to_string())];
+    let out = run(&agent, s).await;
+    assert_eq!(out.exit_code, 126, "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn a_nul_byte_in_argv_or_env_is_a_bad_request() {
+    let agent = start_agent().await;
+    let refused = agent.client.exec(spec(&["echo", "a\0b"])).await;
+    assert!(
+        matches!(&refused, Err(AgentError::Request(e)) if e.code == ErrorCode::BadRequest),
+        "{refused:?}"
+    );
+    let mut s = spec(&["true"]);
+    s.env = vec![("X".into(), "a\0b".into())];
+    let refused = agent.client.exec(s).await;
+    assert!(
+        matches!(&refused, Err(AgentError::Request(e)) if e.code == ErrorCode::BadRequest),
+        "{refused:?}"
+    );
+    // The agent keeps serving.
+    assert_eq!(run(&agent, spec(&["true"])).await.exit_code, 0);
+}
+
+#[tokio::test]
 async fn timeout_kills_the_whole_group_and_keeps_partial_output() {
     let agent = start_agent().await;
     let mut s = sh("sleep 100 & echo $!; echo partial; wait");
@@ -274,6 +325,12 @@ async fn programs_start_with_no_signal_blocked_so_sigterm_reaches_them() {
     let agent = start_agent().await;
     let out = run(&agent, spec(&["grep", "SigBlk", "/proc/self/status"])).await;
     assert_eq!(text(&out.stdout).trim(), "SigBlk:\t0000000000000000");
+    // SIGPIPE (bit 13), which the agent ignores, is at its default in the program again.
+    let out = run(&agent, spec(&["grep", "SigIgn", "/proc/self/status"])).await;
+    let ignored = text(&out.stdout);
+    let mask = u64::from_str_radix(ignored.trim().trim_start_matches("SigIgn:").trim(), 16)
+        .expect("a hex mask");
+    assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "{ignored}");
     let out = run(
         &agent,
         sh("trap 'echo got-term; exit 0' TERM; kill -TERM $$; sleep 5; echo missed"),

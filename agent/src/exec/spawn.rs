@@ -2,15 +2,14 @@
 //! shell's 126/127 conventions for programs that cannot run.
 
 use std::io;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
 
 use agent_proto::{ErrorCode, ExecRequest, RequestError};
 
+use super::launch::{launch, LaunchError, Program};
 use crate::procs::{ExecControl, ProcTable};
-use crate::sys;
 
 /// PATH given to a program whose request does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -39,34 +38,36 @@ pub fn spawn(
     control: &Arc<ExecControl>,
     table: &ProcTable,
 ) -> Result<Spawned, SpawnError> {
-    let command = build(req)?;
-    let program = req.argv[0].clone();
-    let mut command = command;
-    let result = table.spawn_registered(control, || {
-        let mut child = command.spawn()?;
-        let pid = child.id() as libc::pid_t;
-        Ok((
-            pid,
-            (child.stdin.take(), child.stdout.take(), child.stderr.take()),
-        ))
+    let program = build(req)?;
+    let name = &req.argv[0];
+    let mut failed_workdir = None;
+    let result = table.spawn_registered(control, || match launch(&program) {
+        Ok(launched) => Ok((launched.pid, launched)),
+        Err(LaunchError::Spawn(e)) => Err(e),
+        Err(LaunchError::Workdir(e)) => {
+            failed_workdir = Some(e.to_string());
+            Err(e)
+        }
     });
     match result {
-        Ok((pid, (stdin, Some(stdout), Some(stderr)))) => Ok(Spawned {
+        Ok((pid, launched)) => Ok(Spawned {
             pid,
-            stdin: stdin.filter(|_| req.stdin),
-            stdout,
-            stderr,
+            stdin: req.stdin.then(|| ChildStdin::from(launched.stdin)),
+            stdout: ChildStdout::from(launched.stdout),
+            stderr: ChildStderr::from(launched.stderr),
         }),
-        Ok((pid, _)) => {
-            sys::kill_group(pid, libc::SIGKILL);
-            Err(request(ErrorCode::SpawnFailed, "child pipes missing").into())
-        }
-        Err(e) => Err(classify(&program, e)),
+        Err(e) => match failed_workdir {
+            Some(why) => {
+                let dir = req.workdir.as_deref().unwrap_or_default();
+                Err(request(ErrorCode::BadWorkdir, format!("{dir}: {why}")).into())
+            }
+            None => Err(classify(name, e)),
+        },
     }
 }
 
-fn build(req: &ExecRequest) -> Result<Command, SpawnError> {
-    let Some((program, args)) = req.argv.split_first() else {
+fn build(req: &ExecRequest) -> Result<Program, SpawnError> {
+    let Some(program) = req.argv.first() else {
         return Err(request(ErrorCode::BadRequest, "argv is empty").into());
     };
     if program.is_empty() {
@@ -77,39 +78,23 @@ fn build(req: &ExecRequest) -> Result<Command, SpawnError> {
             return Err(request(ErrorCode::BadRequest, format!("bad env name {key:?}")).into());
         }
     }
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        // Always a pipe (never /dev/null, which a bare image may lack); closed at once
-        // when the request has no stdin.
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    if !req.env.iter().any(|(k, _)| k == "PATH") {
-        command.env("PATH", DEFAULT_PATH);
+    let mut env = req.env.clone();
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), DEFAULT_PATH.into()));
     }
+    let path = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
     if let Some(dir) = &req.workdir {
         if !Path::new(dir).is_dir() {
             return Err(request(ErrorCode::BadWorkdir, format!("{dir}: not a directory")).into());
         }
-        command.current_dir(dir);
     }
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl,
-    // sigprocmask, open, write and close, which are async-signal-safe; it touches no memory
-    // shared with other threads.
-    unsafe {
-        command.pre_exec(|| {
-            sys::die_with_parent()?;
-            // The program, not the agent, is what the OOM killer ends (the sandbox then
-            // keeps serving).
-            sys::prefer_as_oom_victim();
-            sys::unblock_all_signals()
-        });
-    }
-    Ok(command)
+    Program::new(&req.argv, &env, &path, req.workdir.as_deref())
+        .map_err(|e| request(ErrorCode::BadRequest, format!("{program}: {e}")).into())
 }
 
 fn classify(program: &str, err: io::Error) -> SpawnError {
