@@ -1,8 +1,9 @@
 //! The bounded soak (issue 10) on the bwrap plugin: mixed create / exec / fs::write /
 //! fs::read / stop at the caps (`max_concurrent_sandboxes`, exec slots) for
 //! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), then the
-//! adapter's fds, threads and RSS, the sandboxes' cgroups, the host's mounts and the state
-//! directories must come back to where they started. Prints both snapshots.
+//! adapter's fds, threads and RSS, the sandboxes' cgroups, the host's mounts, the state
+//! directories and the host's sandbox processes (of any id) must come back to where they
+//! started. Prints the snapshots.
 
 mod sandbox_support;
 
@@ -29,6 +30,41 @@ struct Snapshot {
     cgroups: usize,
     mounts: usize,
     state_dirs: usize,
+    /// Host processes that may belong to a sandbox, whoever's child they are now (see
+    /// `sandbox_processes`).
+    processes: usize,
+}
+
+/// Names (`comm`) of the processes that make a bwrap sandbox when run by a root adapter.
+const SANDBOX_COMMS: &[&str] = &[
+    "sandbox-bwrap-l",
+    "bwrap",
+    ".iii-agent",
+    "pasta",
+    "pasta.avx2",
+];
+
+/// Counts the host's processes of any id but root's (a sandbox's subordinate ids, the
+/// ordinary user running the adapter) and the root ones named like a sandbox's: a leaked
+/// sandbox process is counted even after its parent died and it was handed to init.
+fn sandbox_processes() -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next().map(str::to_owned));
+            // Gone between the listing and the reads: not counted.
+            uid.is_some_and(|uid| uid != "0" || SANDBOX_COMMS.contains(&comm.trim()))
+        })
+        .count()
 }
 
 fn snapshot(stack: &Stack) -> Snapshot {
@@ -50,6 +86,7 @@ fn snapshot(stack: &Stack) -> Snapshot {
                 .display()
                 .to_string(),
         ),
+        processes: sandbox_processes(),
     }
 }
 
@@ -62,6 +99,7 @@ fn settled(start: &Snapshot, now: &Snapshot) -> bool {
         && now.cgroups <= start.cgroups
         && now.mounts <= start.mounts
         && now.state_dirs <= start.state_dirs
+        && now.processes <= start.processes
 }
 
 #[derive(Default)]
@@ -188,6 +226,7 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
             cgroups: peak.cgroups.max(now.cgroups),
             mounts: peak.mounts.max(now.mounts),
             state_dirs: peak.state_dirs.max(now.state_dirs),
+            processes: peak.processes.max(now.processes),
         };
     }
     for client in clients {
@@ -208,12 +247,12 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
         total(&counts.reads),
         total(&counts.stops)
     );
-    println!("| | fds | threads | RSS KiB | cgroups | mounts | state dirs |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| | fds | threads | RSS KiB | cgroups | mounts | state dirs | processes |");
+    println!("|---|---|---|---|---|---|---|---|");
     for (name, s) in [("start", start), ("peak", peak), ("end", end)] {
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} |",
-            s.fds, s.threads, s.rss_kib, s.cgroups, s.mounts, s.state_dirs
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            s.fds, s.threads, s.rss_kib, s.cgroups, s.mounts, s.state_dirs, s.processes
         );
     }
     assert!(total(&counts.stops) > 0, "the soak ran no sandbox");
