@@ -143,6 +143,25 @@ async fn a_name_is_looked_up_in_the_programs_own_path_like_execvp() {
 }
 
 #[tokio::test]
+async fn a_later_env_entry_overrides_an_earlier_one_of_the_same_name() {
+    // The adapter sends the sandbox's env followed by the exec's: the exec's value wins, and
+    // the program sees each name once (`env` prints its environment as the kernel gave it;
+    // a shell would hide a duplicate by importing each entry in turn).
+    let agent = start_agent().await;
+    let mut s = spec(&["env"]);
+    s.env = vec![
+        ("A".into(), "from-create".into()),
+        ("B".into(), "kept".into()),
+        ("A".into(), "from-exec".into()),
+    ];
+    let out = run(&agent, s).await;
+    let printed = text(&out.stdout);
+    let a: Vec<&str> = printed.lines().filter(|l| l.starts_with("A=")).collect();
+    assert_eq!(a, ["A=from-exec"], "{printed}");
+    assert!(printed.lines().any(|l| l == "B=kept"), "{printed}");
+}
+
+#[tokio::test]
 async fn a_nul_byte_in_argv_or_env_is_a_bad_request() {
     let agent = start_agent().await;
     let refused = agent.client.exec(spec(&["echo", "a\0b"])).await;

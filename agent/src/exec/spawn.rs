@@ -1,6 +1,7 @@
 //! Starting an exec's program: clean environment, own process group, pipes, and the
 //! shell's 126/127 conventions for programs that cannot run.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
@@ -78,23 +79,39 @@ fn build(req: &ExecRequest) -> Result<Program, SpawnError> {
             return Err(request(ErrorCode::BadRequest, format!("bad env name {key:?}")).into());
         }
     }
-    let mut env = req.env.clone();
-    if !env.iter().any(|(k, _)| k == "PATH") {
-        env.push(("PATH".into(), DEFAULT_PATH.into()));
-    }
+    let env = program_env(&req.env);
     let path = env
         .iter()
-        .rev()
         .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     if let Some(dir) = &req.workdir {
         if !Path::new(dir).is_dir() {
             return Err(request(ErrorCode::BadWorkdir, format!("{dir}: not a directory")).into());
         }
     }
-    Program::new(&req.argv, &env, &path, req.workdir.as_deref())
+    Program::new(&req.argv, &env, path, req.workdir.as_deref())
         .map_err(|e| request(ErrorCode::BadRequest, format!("{program}: {e}")).into())
+}
+
+/// The program's environment: each name once, a later entry overriding an earlier one (the
+/// adapter sends the sandbox's env, then the exec's), and PATH when the request has none.
+fn program_env(requested: &[(String, String)]) -> Vec<(String, String)> {
+    // An index by name: a request may hold many thousands of entries.
+    let mut at: HashMap<&str, usize> = HashMap::with_capacity(requested.len());
+    let mut env: Vec<(String, String)> = Vec::with_capacity(requested.len() + 1);
+    for (key, value) in requested {
+        match at.get(key.as_str()) {
+            Some(&i) => env[i].1.clone_from(value),
+            None => {
+                at.insert(key, env.len());
+                env.push((key.clone(), value.clone()));
+            }
+        }
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), DEFAULT_PATH.into()));
+    }
+    env
 }
 
 fn classify(program: &str, err: io::Error) -> SpawnError {

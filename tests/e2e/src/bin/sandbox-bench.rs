@@ -615,16 +615,13 @@ async fn bench(options: Options) -> BenchResult<()> {
     let stack = Stack::start(&profile, &agent, json!({})).await?;
     let adapter_pid = stack.adapter.id();
     let baselines = BaselineWorker::start(&stack._engine.url())?;
-    stack
-        .client
-        .wait_for_function("bench::echo", None, Duration::from_secs(30))
-        .await
-        .map_err(|e| format!("bench::echo did not register: {e:?}"))?;
-    stack
-        .client
-        .wait_for_function("bench::spawn_true", None, Duration::from_secs(30))
-        .await
-        .map_err(|e| format!("bench::spawn_true did not register: {e:?}"))?;
+    for function in ["bench::echo", "bench::spawn_true"] {
+        stack
+            .client
+            .wait_for_function(function, None, Duration::from_secs(30))
+            .await
+            .map_err(|e| format!("{function} did not register: {e:?}"))?;
+    }
 
     // Warm-up: pulls the image once (cached from then on) and loads the python binaries.
     let warm = stack.create().await?;
