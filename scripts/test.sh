@@ -28,9 +28,12 @@ failure_digest() {
     echo
     echo "=== failures of: $label"
     [ -f "$work/$label.log" ] || continue
-    # cargo test's "failures:" sections, each up to its "test result:" line; the last 300
-    # lines of them, the panics being at their ends.
-    awk '/^failures:$/ {on=1} on {print} /^test result:/ {on=0}' "$work/$label.log" | tail -n 300
+    # cargo test's "failures:" sections, each up to its "test result:" line, without stack
+    # backtraces (RUST_BACKTRACE may be set: a CI log's tail must show the panic messages,
+    # not frames); the last 300 lines of them, the panics being at their ends.
+    awk '/^failures:$/ {on=1} /^stack backtrace:$/ {bt=1}
+      on && !bt && !/^ +[0-9]+: / && !/^ +at / {print}
+      /^note: Some details are omitted/ {bt=0} /^test result:/ {on=0; bt=0}' "$work/$label.log" | tail -n 300
     grep -E '^error: .*target|^    `-p ' "$work/$label.log" || true
   done
 }

@@ -85,8 +85,8 @@ finish() {
   [ -z "$lab_failed" ] && return 0
   for out in $lab_failed_logs; do
     echo "[lab] why $(cat "$out.label") failed (panic messages, each cut at 30 lines of 300 characters):"
-    awk '/panicked at/ {p = 1; n = 0} p {print substr($0, 1, 300); n++}
-      /^stack backtrace:|^note: / || n >= 30 {p = 0}' "$out"
+    awk '/panicked at/ {p = 1; n = 0} /^stack backtrace:|^note: |^ +[0-9]+: / {p = 0}
+      p {print substr($0, 1, 300); n++} n >= 30 {p = 0}' "$out"
   done
   echo "[lab] FAILED passes:${lab_failed#;}"
   exit 1

@@ -14,7 +14,8 @@
 # Environment: LAB_TIMEOUT (s, whole run, default 900), LAB_MEM (MiB, 2048), LAB_SMP (2),
 # LAB_SCRATCH_DIR, LAB_ENV (names of extra variables passed to CMD), LAB_RETRIES (boots after a
 # guest that reset by itself, default 8), LAB_DEADLINE (epoch seconds no attempt outlasts),
-# LAB_VERBOSE=1 (kernel log).
+# LAB_VERBOSE=1 (kernel log), LAB_CPU (QEMU's -cpu, default max), LAB_APPEND (more kernel
+# command line, e.g. module options as kvm_amd.vgif=0).
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
 # Needs: tests/vm-lab/install.sh. Exit codes besides CMD's: 97 bad usage or missing tool,
 # 98 the guest stopped before CMD finished (timeout or crash), 99 no /dev/kvm in the guest.
@@ -138,7 +139,8 @@ rm -f "$SCRATCH/rc"
 # timeout is never retried: that is CMD's own result. LAB_DEADLINE (seconds since the epoch;
 # .ci/run sets it inside CI's 90 minutes) shortens an attempt to end by it, and no attempt
 # starts with under 3 minutes left, saying so.
-APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1}"
+APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1} ${LAB_APPEND:-}"
+CPU=${LAB_CPU:-max}
 attempts=$(( ${LAB_RETRIES:-8} + 1 ))
 for attempt in $(seq 1 "$attempts"); do
   rm -f "$SCRATCH/rc"
@@ -152,9 +154,9 @@ for attempt in $(seq 1 "$attempts"); do
     [ "$left" -lt "$limit" ] && { limit=$left; log "LAB_DEADLINE: this attempt ends within ${left}s"; }
   fi
   echo $(( limit > 60 ? limit - 20 : limit )) > "$SCRATCH/timeout"
-  log "booting $KVER under TCG (-cpu max, smp $LAB_SMP, ${LAB_MEM} MiB), attempt $attempt/$attempts"
+  log "booting $KVER under TCG (-cpu $CPU, smp $LAB_SMP, ${LAB_MEM} MiB), attempt $attempt/$attempts"
   set +e
-  timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
+  timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu "$CPU" \
     -smp "$LAB_SMP" -m "$LAB_MEM" -nographic -nodefaults -no-reboot -serial stdio \
     -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot \
