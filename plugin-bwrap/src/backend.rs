@@ -160,6 +160,7 @@ impl Backend for BwrapBackend {
             at: path(&disk_dir),
             size_mb: spec.disk_mb,
             image: None,
+            state: false,
         };
         let disk = match (spec.persistent_layer, &self.mke2fs) {
             (false, _) => Some(tmpfs),
@@ -180,6 +181,7 @@ impl Backend for BwrapBackend {
             // The documented fallback (see `disk.rs`): plain directories of the layer.
             (true, None) => None,
         };
+        let (mounts, disk) = place_state(&spec.mounts, disk, &spec.sandbox_id);
         let (upper, work) = match &disk {
             Some(disk) => disk.upper_and_work(),
             None => {
@@ -194,9 +196,10 @@ impl Backend for BwrapBackend {
         if self.id_map.needs_idmapped_mounts() {
             // A writable bind (a worker's `/state`) is shown without an idmap: what the guest
             // writes there must belong to its subordinate ids on disk (see `owners.rs`).
-            for mount in &spec.mounts {
+            for mount in &mounts {
                 if let GuestMount::Bind(bind) = mount {
-                    if !bind.read_only {
+                    // One in the layer's image is the sandbox's own there (idmapped).
+                    if !bind.read_only && !bind.host.starts_with(&spec.layer_dir) {
                         crate::owners::give_to_range(&bind.host, self.id_map).map_err(|e| {
                             boot_error(
                                 &format!("cannot give {} to the sandbox's ids", bind.guest),
@@ -235,7 +238,7 @@ impl Backend for BwrapBackend {
             merged: path(&merged),
             log: path(&spec.layer_dir.join("sandbox.log")),
             bwrap: path(bwrap),
-            args: bwrap_args(spec, &merged),
+            args: bwrap_args(spec, &mounts, &merged),
             network,
             disk,
         };
@@ -305,6 +308,7 @@ impl Backend for BwrapBackend {
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
                 "worker_layers": worker_layer_disk(self.mke2fs.is_some()),
+                "worker_state": worker_state_disk(self.mke2fs.is_some()),
             },
             "network": self.egress_tools.describe(
                 "always the sandbox's own (network: false: loopback only)",
@@ -324,7 +328,7 @@ impl Backend for BwrapBackend {
     }
 }
 
-fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
+fn bwrap_args(spec: &BootSpec, mounts: &[GuestMount], merged: &Path) -> Vec<String> {
     // Every namespace but the user one, which the launcher made: bwrap runs as root of the
     // sandbox's own user namespace, and a nested one of bwrap's would map a single id.
     let mut args: Vec<String> = [
@@ -368,7 +372,7 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
             "/etc/resolv.conf".into(),
         ]);
     }
-    args.extend(mount_args(&spec.mounts));
+    args.extend(mount_args(mounts));
     args.extend([
         "--hostname".into(),
         "sandbox".into(),
@@ -384,6 +388,51 @@ fn bwrap_args(spec: &BootSpec, merged: &Path) -> Vec<String> {
         "--stdio".into(),
     ]);
     args
+}
+
+/// Where each `/state` of `mounts` lives (see `disk.rs`): in the layer's image when there is
+/// one (`disk` is then asked to make it) and the host directory holds nothing from before;
+/// else the host directory. Every other mount is kept as it is.
+fn place_state(
+    mounts: &[GuestMount],
+    mut disk: Option<Disk>,
+    sandbox_id: &str,
+) -> (Vec<GuestMount>, Option<Disk>) {
+    let placed = mounts
+        .iter()
+        .map(|mount| {
+            let GuestMount::State { host, guest } = mount else {
+                return mount.clone();
+            };
+            let bind = |host: PathBuf| {
+                GuestMount::Bind(sandbox_core::Mount {
+                    host,
+                    guest: guest.clone(),
+                    read_only: false,
+                })
+            };
+            match disk.as_mut().filter(|d| d.image.is_some()) {
+                Some(image) if holds_nothing(host) => {
+                    image.state = true;
+                    bind(PathBuf::from(image.state_dir()))
+                }
+                Some(_) => {
+                    tracing::warn!(sandbox_id, state = %guest, "this worker's state directory holds files from before state moved into its disk image: it stays a host directory, NOT size-limited (destroy and prepare the worker to bound it)");
+                    bind(host.clone())
+                }
+                None => bind(host.clone()),
+            }
+        })
+        .collect();
+    (placed, disk)
+}
+
+/// A directory with no entries, or none at all.
+fn holds_nothing(dir: &Path) -> bool {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
 }
 
 /// The mounts of a spec as bwrap arguments, in order; read-only tmpfs directories are
@@ -410,6 +459,10 @@ fn mount_args(mounts: &[GuestMount]) -> Vec<String> {
                 if *read_only {
                     read_only_dirs.push(guest.clone());
                 }
+            }
+            // Placed by `place_state` before: here only if nothing placed it.
+            GuestMount::State { host, guest } => {
+                args.extend(["--bind".into(), host.display().to_string(), guest.clone()]);
             }
             GuestMount::Symlink { target, guest } => {
                 args.extend([
@@ -458,6 +511,15 @@ fn worker_layer_disk(images: bool) -> &'static str {
         "an ext4 image of default_disk_mb per worker VM (sparse, on a loop device): persistent, ENOSPC past it"
     } else {
         "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (an ordinary-user adapter has no loop devices, or mke2fs is missing); sandboxes are bounded"
+    }
+}
+
+/// Where a worker's `/state` lives here, for `adapter::info` (see `disk.rs`).
+fn worker_state_disk(images: bool) -> &'static str {
+    if images {
+        "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb): ENOSPC past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
+    } else {
+        "NOT bounded: a worker's /state is a plain directory of the state filesystem"
     }
 }
 
@@ -512,5 +574,50 @@ mod tests {
         ];
         assert_eq!(mount_args(&mounts), expected);
         assert!(mount_args(&[]).is_empty());
+    }
+
+    #[test]
+    fn state_lives_in_the_layer_image_unless_the_host_directory_holds_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("data");
+        let mounts = [GuestMount::State {
+            host: host.clone(),
+            guest: "/state".into(),
+        }];
+        let bind = |host: &str| {
+            vec![GuestMount::Bind(Mount {
+                host: host.into(),
+                guest: "/state".into(),
+                read_only: false,
+            })]
+        };
+        let tmpfs = Disk {
+            at: "/l/disk".into(),
+            size_mb: 64,
+            image: None,
+            state: false,
+        };
+        let image = Disk {
+            image: Some("/l/disk.img".into()),
+            ..tmpfs.clone()
+        };
+        let host_bind = bind(host.to_str().unwrap());
+
+        // No directory yet, or an empty one: in the image, which is asked to make it.
+        for _ in 0..2 {
+            let (placed, disk) = place_state(&mounts, Some(image.clone()), "w");
+            assert_eq!(placed, bind("/l/disk/state"));
+            assert!(disk.unwrap().state);
+            std::fs::create_dir_all(&host).unwrap();
+        }
+        // Files from before: the host directory, as it was.
+        std::fs::write(host.join("old"), "x").unwrap();
+        let (placed, disk) = place_state(&mounts, Some(image), "w");
+        assert_eq!((placed, disk.unwrap().state), (host_bind.clone(), false));
+        // No image (an ordinary user's adapter): the host directory.
+        std::fs::remove_file(host.join("old")).unwrap();
+        assert_eq!(place_state(&mounts, None, "w").0, host_bind);
+        let (placed, disk) = place_state(&mounts, Some(tmpfs), "w");
+        assert_eq!((placed, disk.unwrap().state), (host_bind, false));
     }
 }

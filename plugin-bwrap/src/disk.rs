@@ -13,11 +13,17 @@
 //!   size), made once with `mke2fs` and attached by the launcher to a loop device
 //!   (auto-clearing) in its private mount namespace before the sandbox's namespaces exist
 //!   (the `layer-disk` crate, shared with the libkrun VM runner).
+//! - **A worker's `/state`**, root adapter: a directory `state` of the same image, beside
+//!   `upper` and `work`, so the worker's root changes and its state share `disk_mb` together.
+//!   A worker whose host `/state` directory already holds files (written before `/state`
+//!   moved into the image) keeps that directory, NOT bounded, saying so in the log: its data
+//!   is never moved by the adapter (a guest wrote it; a copy as root is what an attacker
+//!   wants) nor dropped. Destroying and preparing the worker again bounds it.
 //! - **Worker VMs, ordinary-user adapter**: loop devices need host root; FUSE (`fuse2fs`)
 //!   needs a usable `/dev/fuse` and a daemon per worker, not done yet. A tmpfs would bound the
 //!   layer but lose the worker's root changes at each restart, which workers rely on, so the
-//!   fallback keeps the layer a plain directory, NOT bounded, and `adapter::info` and the log
-//!   say so. (Worker's `/state` is a host directory either way.)
+//!   fallback keeps the layer and `/state` plain directories, NOT bounded, and `adapter::info`
+//!   and the log say so.
 
 use std::io;
 use std::path::Path;
@@ -36,18 +42,31 @@ pub struct Disk {
     /// An ext4 image file attached through a loop device (root adapter, persistent layer);
     /// none: a tmpfs.
     pub image: Option<String>,
+    /// Also holds the worker's `/state`, the directory [`STATE_DIR`] of the mount.
+    #[serde(default)]
+    pub state: bool,
 }
+
+/// The directory of a layer image that holds a worker's `/state`.
+pub const STATE_DIR: &str = "state";
 
 impl Disk {
     /// The upper and work directories inside the mount.
     pub fn upper_and_work(&self) -> (String, String) {
-        let at = Path::new(&self.at);
-        let path = |name: &str| at.join(name).display().to_string();
-        (path("upper"), path("work"))
+        (self.path("upper"), self.path("work"))
+    }
+
+    /// Where the worker's `/state` is, inside the mount.
+    pub fn state_dir(&self) -> String {
+        self.path(STATE_DIR)
+    }
+
+    fn path(&self, name: &str) -> String {
+        Path::new(&self.at).join(name).display().to_string()
     }
 
     /// Mounts the filesystem at [`Disk::at`] (in the caller's mount namespace) and makes
-    /// `upper` and `work` in it. A tmpfs must be mounted from the sandbox's user namespace
+    /// `upper`, `work` (and `state` when it holds one) in it. A tmpfs must be mounted from the sandbox's user namespace
     /// (its files are then the sandbox's own); an image from the host's, as host root.
     pub fn mount(&self) -> io::Result<()> {
         use nix::mount::{mount, MsFlags};
@@ -69,7 +88,8 @@ impl Disk {
             }
         }
         let (upper, work) = self.upper_and_work();
-        for dir in [upper, work] {
+        let state = self.state.then(|| self.state_dir());
+        for dir in [Some(upper), Some(work), state].into_iter().flatten() {
             match std::fs::create_dir(&dir) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                 _ => {}
@@ -89,10 +109,12 @@ mod tests {
             at: "/state/s/disk".into(),
             size_mb: 64,
             image: None,
+            state: false,
         };
         assert_eq!(
             disk.upper_and_work(),
             ("/state/s/disk/upper".into(), "/state/s/disk/work".into())
         );
+        assert_eq!(disk.state_dir(), "/state/s/disk/state");
     }
 }

@@ -281,6 +281,7 @@ impl Backend for LibkrunBackend {
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
                 "worker_layers": self.worker_layer_disk(),
+                "worker_state": "NOT bounded: a worker's /state is a directory of the state filesystem, shared with the VM",
             },
         })
     }

@@ -119,6 +119,14 @@ fn runner_mount(mount: &GuestMount) -> Result<Value, VmSpecError> {
             "guest_path": bind.guest,
             "read_only": bind.read_only,
         }),
+        // Here `/state` stays the host directory: the runner's layer image is not shared
+        // with the guest as a directory (the README's limits section says so).
+        GuestMount::State { host, guest } => json!({
+            "kind": "bind",
+            "host_path": host,
+            "guest_path": guest,
+            "read_only": false,
+        }),
         GuestMount::Tmpfs { guest, read_only } => json!({
             "kind": "tmpfs",
             "guest_path": guest,
@@ -362,11 +370,10 @@ mod tests {
                 target: "app.txt".into(),
                 guest: "/worker/link".into(),
             },
-            GuestMount::Bind(Mount {
+            GuestMount::State {
                 host: dir.path().to_path_buf(),
                 guest: "/state".into(),
-                read_only: false,
-            }),
+            },
         ];
         spec.persistent_layer = true;
         let (_, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();

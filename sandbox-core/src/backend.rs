@@ -56,6 +56,10 @@ pub enum GuestMount {
     Tmpfs { guest: String, read_only: bool },
     /// A symbolic link at `guest` whose text is `target` (resolved inside the guest).
     Symlink { target: PathBuf, guest: String },
+    /// A writable directory kept across boots (a worker's `/state`). A backend that holds
+    /// the persistent layer on a bounded disk keeps it there too, so it shares the layer's
+    /// `disk_mb` (ENOSPC past it); otherwise the host directory `host` is bound.
+    State { host: PathBuf, guest: String },
 }
 
 /// A host path shown to the guest.

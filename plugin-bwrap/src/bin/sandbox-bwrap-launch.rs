@@ -208,8 +208,15 @@ fn stage_idmapped(
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
-            // The merged root is the overlay, mounted inside the staged layer later.
-            Arg::Bind { flag, source, .. } if *source != command.merged => {
+            // The merged root is the overlay, mounted inside the staged layer later; a
+            // worker's `/state` in the layer's image is shown through the staged layer, whose
+            // idmap makes it the sandbox's own (like `upper`).
+            Arg::Bind { source, .. }
+                if *source == command.merged || Path::new(source).starts_with(&command.layer) =>
+            {
+                binds.push(None)
+            }
+            Arg::Bind { flag, source, .. } => {
                 let is_dir = std::fs::metadata(source)?.is_dir();
                 // A writable bind (a worker's `/state`) belongs to the sandbox's ids on disk
                 // already: shown as it is, so the guest's files stay in its range there.
@@ -220,7 +227,6 @@ fn stage_idmapped(
                 };
                 binds.push(Some((tree, is_dir)));
             }
-            Arg::Bind { .. } => binds.push(None),
             Arg::Plain(_) => {}
         }
     }
@@ -276,7 +282,7 @@ fn stage_idmapped(
                     index += 1;
                     place(&tree, &format!("bind-{index}"), is_dir)?
                 }
-                None => staged.merged.clone(),
+                None => in_layer(source)?,
             };
         }
     }

@@ -474,6 +474,15 @@ impl Stack {
             .invoke(&format!("{PREFIX}::{suffix}"), payload, call_timeout())
             .await
     }
+
+    /// Whether a new worker's `/state` lives in its layer image (a root adapter with disk
+    /// images), where the host sees no file of it, rather than in `workers/<id>/data`.
+    pub async fn worker_state_in_image(&self) -> bool {
+        let info = self.call("adapter::info", json!({})).await.expect("info");
+        info["backend"]["isolation"]["disk"]["worker_state"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("in the worker's layer image"))
+    }
 }
 
 /// The S-code of an error answer (its `code`), checking the body carries the same code.

@@ -2,7 +2,8 @@
 //! `default_disk_mb` and no more: past it the sandbox sees ENOSPC, the host's state
 //! filesystem did not pay for it, and the sandbox keeps serving; `/tmp` likewise. A worker
 //! VM's persistent layer (root adapter: an ext4 image) is bounded the same way and keeps
-//! what was written across starts. Bad values stop the adapter with exit 2 naming the key.
+//! what was written across starts, its `/state` in the same image. Bad values stop the
+//! adapter with exit 2 naming the key.
 
 mod sandbox_support;
 mod worker_support;
@@ -177,4 +178,92 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
     let log = wait_log(&stack, "disk", "checked", 1, Duration::from_secs(60)).await;
     assert!(log.contains("kept\nchecked"), "the layer persisted: {log}");
     worker_ok(&stack, "stop", json!({"vm_id": "disk", "timeout_ms": 2000})).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
+    let test = "a_worker_state_shares_its_bounded_layer_and_outlives_restarts";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let _alone = HOST_DISK.lock().await;
+    let project = e2e_tests::host_dir();
+    let options = compose_options(project.path());
+    let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let worker_state = info["backend"]["isolation"]["disk"]["worker_state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if worker_state.starts_with("NOT bounded") {
+        println!("\n*** {test} DID NOT RUN: {worker_state} ***\n");
+        return;
+    }
+    let state = stack.state_dir.path();
+    let host_state = |vm_id: &str| state.join("workers").join(vm_id).join("data");
+
+    // Filling /state meets the layer's bound, the host pays at most the image; what the
+    // worker keeps in /state is there at its next start, and never in the host directory.
+    let vm = json!({"vm_id": "state", "image": "python", "host_path": project.path()});
+    worker_ok(&stack, "prepare", vm).await;
+    let before = free_bytes(state);
+    let script = format!(
+        "open('/state/kept', 'w').write('kept')\n{}\nprint('done-filling', flush=True)\nimport time\ntime.sleep(600)\n",
+        filler("/state/fill")
+    );
+    let start = json!({"vm_id": "state", "command": ["python3", "-c", script]});
+    worker_ok(&stack, "start", start).await;
+    let log = wait_log(&stack, "state", "done-filling", 1, Duration::from_secs(120)).await;
+    let lost_mb = before.saturating_sub(free_bytes(state)) >> 20;
+    println!(
+        "worker /state: {} ; the host lost {lost_mb} MiB",
+        log.replace('\n', " ")
+    );
+    assert!(log.contains("errno 28 ENOSPC"), "{log}");
+    assert!(number(&log, "written_mb ") <= DISK_MB, "{log}");
+    assert!(lost_mb < DISK_MB + SLACK_MB, "the host lost {lost_mb} MiB");
+    let on_host: Vec<_> = std::fs::read_dir(host_state("state"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(on_host.is_empty(), "/state reached the host: {on_host:?}");
+    worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "state", "timeout_ms": 2000}),
+    )
+    .await;
+    let check = json!({"vm_id": "state", "command": ["/bin/sh", "-c", "cat /state/kept; echo; echo checked; sleep 600"]});
+    worker_ok(&stack, "start", check).await;
+    let log = wait_log(&stack, "state", "checked", 1, Duration::from_secs(60)).await;
+    assert!(log.contains("kept\nchecked"), "/state persisted: {log}");
+    worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "state", "timeout_ms": 2000}),
+    )
+    .await;
+
+    // A worker whose host /state already held files (an earlier version's) keeps them: its
+    // data is neither moved nor dropped, and the log says that /state is not bounded.
+    let vm = json!({"vm_id": "legacy", "image": "python", "host_path": project.path()});
+    worker_ok(&stack, "prepare", vm).await;
+    std::fs::create_dir_all(host_state("legacy")).expect("legacy /state");
+    std::fs::write(host_state("legacy").join("old.txt"), "old").expect("legacy file");
+    let check = json!({"vm_id": "legacy", "command": ["/bin/sh", "-c", "cat /state/old.txt; echo; echo checked; sleep 600"]});
+    worker_ok(&stack, "start", check).await;
+    let log = wait_log(&stack, "legacy", "checked", 1, Duration::from_secs(60)).await;
+    assert!(
+        log.contains("old\nchecked"),
+        "the earlier /state is kept: {log}"
+    );
+    assert!(
+        stack.adapter.log().contains("NOT size-limited"),
+        "the log says the earlier /state is not bounded"
+    );
+    worker_ok(
+        &stack,
+        "stop",
+        json!({"vm_id": "legacy", "timeout_ms": 2000}),
+    )
+    .await;
 }

@@ -16,7 +16,7 @@ use super::guest_env::guest_env;
 use super::record::{now_rfc3339, WorkerRecord, WorkerState};
 use super::safe_fs;
 use super::tree::read_only_tree;
-use crate::backend::{Backend, BootSpec, GuestMount, Mount, SandboxProcess};
+use crate::backend::{Backend, BootSpec, GuestMount, SandboxProcess};
 use crate::error::SandboxError;
 use crate::ops::create::{check_image_caps, AGENT_HELLO_TIMEOUT};
 use crate::plugin::SandboxPlugin;
@@ -123,11 +123,10 @@ async fn boot<B: Backend>(
     // Decided now, not at adapter start: a Compose file written since is hidden too.
     let mut mounts = read_only_tree(&host, WORKER_DIR, &workers.roots.hidden())
         .map_err(|e| boot_error(&format!("cannot read {}", host.display()), e))?;
-    mounts.push(GuestMount::Bind(Mount {
+    mounts.push(GuestMount::State {
         host: workers.dirs.data(&vm_id),
         guest: STATE_DIR.into(),
-        read_only: false,
-    }));
+    });
     let spec = BootSpec {
         sandbox_id: format!("worker-{vm_id}"),
         image_root: image.rootfs.clone(),
