@@ -391,8 +391,9 @@ fn bwrap_args(spec: &BootSpec, mounts: &[GuestMount], merged: &Path) -> Vec<Stri
 }
 
 /// Where each `/state` of `mounts` lives (see `disk.rs`): in the layer's image when there is
-/// one (`disk` is then asked to make it) and the host directory holds nothing from before;
-/// else the host directory. Every other mount is kept as it is.
+/// one (`disk` is then asked to make it) and the host directory holds nothing from before
+/// ([`sandbox_core::state_in_layer_image`]); else the host directory. Every other mount is
+/// kept as it is.
 fn place_state(
     mounts: &[GuestMount],
     mut disk: Option<Disk>,
@@ -412,27 +413,15 @@ fn place_state(
                 })
             };
             match disk.as_mut().filter(|d| d.image.is_some()) {
-                Some(image) if holds_nothing(host) => {
+                Some(image) if sandbox_core::state_in_layer_image(host, sandbox_id) => {
                     image.state = true;
                     bind(PathBuf::from(image.state_dir()))
                 }
-                Some(_) => {
-                    tracing::warn!(sandbox_id, state = %guest, "this worker's state directory holds files from before state moved into its disk image: it stays a host directory, NOT size-limited (destroy and prepare the worker to bound it)");
-                    bind(host.clone())
-                }
-                None => bind(host.clone()),
+                _ => bind(host.clone()),
             }
         })
         .collect();
     (placed, disk)
-}
-
-/// A directory with no entries, or none at all.
-fn holds_nothing(dir: &Path) -> bool {
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => entries.next().is_none(),
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-    }
 }
 
 /// The mounts of a spec as bwrap arguments, in order; read-only tmpfs directories are

@@ -81,6 +81,15 @@ impl LibkrunBackend {
         }
     }
 
+    /// Where a worker's `/state` lives here, for `adapter::info`.
+    fn worker_state_disk(&self) -> &'static str {
+        if self.mke2fs.is_some() {
+            "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb), bound by the VM runner: ENOSPC in the guest past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
+        } else {
+            "NOT bounded: a worker's /state is a plain directory of the state filesystem"
+        }
+    }
+
     /// The same backend giving worker VMs `tuning` instead.
     pub fn with_tuning(self, tuning: VmTuning) -> Self {
         Self { tuning, ..self }
@@ -281,7 +290,7 @@ impl Backend for LibkrunBackend {
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
                 "worker_layers": self.worker_layer_disk(),
-                "worker_state": "NOT bounded: a worker's /state is a directory of the state filesystem, shared with the VM",
+                "worker_state": self.worker_state_disk(),
             },
         })
     }

@@ -47,7 +47,7 @@ pub fn build(
     let mounts = spec
         .mounts
         .iter()
-        .map(runner_mount)
+        .map(|mount| runner_mount(mount, layout, &spec.sandbox_id))
         .collect::<Result<Vec<_>, _>>()?;
     let mut value = json!({
         "vcpus": vcpus,
@@ -109,18 +109,34 @@ pub fn build(
     Ok((value, parsed))
 }
 
+/// The directory of a worker VM's layer image that holds its `/state`.
+pub const STATE_LAYER_DIR: &str = "state";
+
 /// One of the sandbox's mounts as the runner's `mounts` entry (made inside the root on the
 /// host side, seen by the guest through the root share).
-fn runner_mount(mount: &GuestMount) -> Result<Value, VmSpecError> {
+fn runner_mount(
+    mount: &GuestMount,
+    layout: &Layout,
+    sandbox_id: &str,
+) -> Result<Value, VmSpecError> {
     Ok(match mount {
+        // A worker VM's `/state` shares its layer image's bound (root adapter), beside its
+        // root's changes, unless its host directory holds files from before.
+        GuestMount::State { host, guest }
+            if layout.image.is_some() && sandbox_core::state_in_layer_image(host, sandbox_id) =>
+        {
+            json!({
+                "kind": "layer-dir",
+                "name": STATE_LAYER_DIR,
+                "guest_path": guest,
+            })
+        }
         GuestMount::Bind(bind) => json!({
             "kind": "bind",
             "host_path": bind.host,
             "guest_path": bind.guest,
             "read_only": bind.read_only,
         }),
-        // Here `/state` stays the host directory: the runner's layer image is not shared
-        // with the guest as a directory (the README's limits section says so).
         GuestMount::State { host, guest } => json!({
             "kind": "bind",
             "host_path": host,
@@ -400,6 +416,46 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_workers_state_goes_into_its_layer_image_unless_its_host_directory_holds_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, _) = boot_spec(dir.path(), 1, 256);
+        spec.persistent_layer = true;
+        let layout = Layout::new(&spec.layer_dir, true).with_image(&spec.layer_dir);
+        layout.prepare(&spec.agent_path).unwrap();
+        std::fs::write(spec.layer_dir.join(layer_disk::IMAGE_FILE), b"").unwrap();
+        let host = dir.path().join("data");
+        spec.mounts = vec![GuestMount::State {
+            host: host.clone(),
+            guest: "/state".into(),
+        }];
+        let runner_mounts = |layout: &Layout| {
+            build(&spec, layout, &VmTuning::default(), None)
+                .unwrap()
+                .1
+                .mounts
+        };
+        let in_image = vec![vm_runner::GuestMount::LayerDir {
+            name: STATE_LAYER_DIR.into(),
+            guest_path: "/state".into(),
+        }];
+        assert_eq!(runner_mounts(&layout), in_image, "no host directory yet");
+        std::fs::create_dir(&host).unwrap();
+        assert_eq!(runner_mounts(&layout), in_image, "an empty one");
+        std::fs::write(host.join("old"), b"x").unwrap();
+        let on_host = vec![vm_runner::GuestMount::Bind {
+            host_path: host.clone(),
+            guest_path: "/state".into(),
+            read_only: false,
+        }];
+        assert_eq!(runner_mounts(&layout), on_host, "files from before stay");
+        // No image (an ordinary user's adapter): the host directory.
+        std::fs::remove_file(host.join("old")).unwrap();
+        let plain = Layout::new(&spec.layer_dir, true);
+        plain.prepare(&spec.agent_path).unwrap();
+        assert_eq!(runner_mounts(&plain), on_host);
     }
 
     #[test]

@@ -62,6 +62,22 @@ pub enum GuestMount {
     State { host: PathBuf, guest: String },
 }
 
+/// Whether a backend whose persistent layer is a bounded image may keep the `/state` of
+/// [`GuestMount::State`] there: only when its host directory `host` holds nothing (or does
+/// not exist). One that holds files (written before `/state` moved into the image) stays
+/// the host directory, unbounded, and the log says so: its data is never moved by the
+/// adapter (a guest wrote it; a copy as root is what an attacker wants) nor dropped.
+pub fn state_in_layer_image(host: &Path, sandbox_id: &str) -> bool {
+    let unused = match std::fs::read_dir(host) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
+    if !unused {
+        tracing::warn!(sandbox_id, state = %host.display(), "this worker's state directory holds files from before state moved into its disk image: it stays a host directory, NOT size-limited (destroy and prepare the worker to bound it)");
+    }
+    unused
+}
+
 /// A host path shown to the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {

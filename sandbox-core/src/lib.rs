@@ -42,8 +42,8 @@ pub mod subordinate;
 mod warm_pool;
 
 pub use backend::{
-    helper_program, log_tails, AgentReader, AgentWriter, Backend, BootSpec, Booted, ChildProcess,
-    GuestMount, HostUnfit, Mount, SandboxProcess,
+    helper_program, log_tails, state_in_layer_image, AgentReader, AgentWriter, Backend, BootSpec,
+    Booted, ChildProcess, GuestMount, HostUnfit, Mount, SandboxProcess,
 };
 pub use config::Config;
 pub use error::SandboxError;

@@ -37,8 +37,10 @@ pub(crate) fn io_error(what: &'static str, path: &Path, source: io::Error) -> Mo
     }
 }
 
-/// Makes every mount of `mounts` inside `root`. The caller is in a private mount namespace.
-pub fn apply(root: &Path, mounts: &[GuestMount]) -> Result<(), MountError> {
+/// Makes every mount of `mounts` inside `root`; `layer` is where the root overlay's bounded
+/// filesystem is mounted (for [`GuestMount::LayerDir`]). The caller is in a private mount
+/// namespace.
+pub fn apply(root: &Path, mounts: &[GuestMount], layer: Option<&Path>) -> Result<(), MountError> {
     let mut read_only_dirs = Vec::new();
     for mount in mounts {
         match mount {
@@ -63,6 +65,15 @@ pub fn apply(root: &Path, mounts: &[GuestMount]) -> Result<(), MountError> {
             GuestMount::Symlink { target, guest_path } => {
                 symlink(root, guest_path, target)?;
             }
+            GuestMount::LayerDir { name, guest_path } => {
+                let layer = layer.ok_or(MountError::Refused {
+                    path: guest_path.clone(),
+                    reason: "a layer directory needs a bounded root overlay",
+                })?;
+                let source = layer_dir(layer, name)?;
+                let target = mount_point(root, guest_path, true)?;
+                bind(&source, &target, false)?;
+            }
         }
     }
     // Not recursive: the binds below keep their own flags.
@@ -70,6 +81,27 @@ pub fn apply(root: &Path, mounts: &[GuestMount]) -> Result<(), MountError> {
         remount_read_only(&dir)?;
     }
     Ok(())
+}
+
+/// The directory `name` of the layer's filesystem, made if missing. Only the runner sees
+/// the layer's top (the guest sees what is inside `upper` and inside this directory), but
+/// what is there must still be a directory, never a link.
+fn layer_dir(layer: &Path, name: &str) -> Result<PathBuf, MountError> {
+    let dir = layer.join(name);
+    match std::fs::create_dir(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(io_error("make", &dir, e))
+        }
+        _ => {}
+    }
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.file_type().is_dir() => Ok(dir),
+        Ok(_) => Err(MountError::Refused {
+            path: dir.display().to_string(),
+            reason: "not a directory",
+        }),
+        Err(e) => Err(io_error("inspect", &dir, e)),
+    }
 }
 
 /// `guest` (absolute, plain names) inside `root`, with every missing directory on the way

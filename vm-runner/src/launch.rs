@@ -201,7 +201,12 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     if let Some(root_overlay) = &spec.root_overlay {
         overlay::mount(&spec.root, root_overlay)?;
     }
-    guest_mounts::apply(&spec.root, &spec.mounts)?;
+    let layer = spec
+        .root_overlay
+        .as_ref()
+        .filter(|o| o.bounded())
+        .and_then(|o| o.disk_dir());
+    guest_mounts::apply(&spec.root, &spec.mounts, layer)?;
     // TSI makes the guest's sockets ours: from here on they are judged by the policy of a
     // network namespace of our own (loopback is ours, not the host's), where pasta is the
     // only way out. Still single-threaded, as the resolver proxy's fork needs.

@@ -116,6 +116,10 @@ pub enum GuestMount {
     },
     /// A symbolic link whose text is `target` (resolved inside the guest).
     Symlink { target: String, guest_path: String },
+    /// The directory `name` of the root overlay's bounded filesystem (its tmpfs or image,
+    /// beside `upper` and `work`; made on first use), bound writable at `guest_path`: a
+    /// worker's `/state` then shares the layer's bound and persists with its image.
+    LayerDir { name: String, guest_path: String },
 }
 
 impl GuestMount {
@@ -123,7 +127,8 @@ impl GuestMount {
         match self {
             GuestMount::Bind { guest_path, .. }
             | GuestMount::Tmpfs { guest_path, .. }
-            | GuestMount::Symlink { guest_path, .. } => guest_path,
+            | GuestMount::Symlink { guest_path, .. }
+            | GuestMount::LayerDir { guest_path, .. } => guest_path,
         }
     }
 }
@@ -247,6 +252,8 @@ pub enum SpecError {
     TwoDisks,
     #[error("root_overlay image {0} must be an absolute path to a regular file (not a link)")]
     BadImage(PathBuf),
+    #[error("layer-dir {0:?}: needs a root_overlay with size_mib or image, and a plain name other than upper and work")]
+    BadLayerDir(String),
 }
 
 /// A bounded layer: a size or an image, and `upper` and `work` side by side in an existing
@@ -395,6 +402,14 @@ impl VmSpec {
                 GuestMount::Symlink { target, guest_path } => {
                     if target.is_empty() || target.contains('\0') {
                         return Err(SpecError::BadSymlinkTarget(guest_path.clone()));
+                    }
+                }
+                GuestMount::LayerDir { name, .. } => {
+                    let bounded = self.root_overlay.as_ref().is_some_and(RootOverlay::bounded);
+                    let plain = !matches!(name.as_str(), "" | "." | ".." | "upper" | "work")
+                        && !name.contains(['/', '\0']);
+                    if !bounded || !plain {
+                        return Err(SpecError::BadLayerDir(name.clone()));
                     }
                 }
                 GuestMount::Tmpfs { .. } => {}
@@ -577,6 +592,41 @@ mod tests {
             {"port": 5, "socket": sock, "direction": "guest-listens"}
         ]);
         assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn a_layer_dir_needs_a_bounded_overlay_and_a_plain_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk");
+        std::fs::create_dir(&disk).unwrap();
+        let with = |size: Option<u32>, name: &str| {
+            let mut v = base(dir.path());
+            v["root_overlay"] = json!({"lower": dir.path(), "upper": disk.join("upper"),
+                "work": disk.join("work"), "size_mib": size});
+            v["mounts"] = json!([{"kind": "layer-dir", "name": name, "guest_path": "/state"}]);
+            check(v)
+        };
+        let spec = with(Some(64), "state").expect("a plain name in a bounded layer");
+        assert_eq!(
+            spec.mounts,
+            [GuestMount::LayerDir {
+                name: "state".into(),
+                guest_path: "/state".into()
+            }]
+        );
+        for bad in ["", ".", "..", "upper", "work", "a/b", "a\0b"] {
+            assert!(
+                matches!(with(Some(64), bad), Err(SpecError::BadLayerDir(_))),
+                "{bad:?}"
+            );
+        }
+        // An unbounded overlay has no filesystem of its own to hold it.
+        std::fs::create_dir_all(disk.join("upper")).unwrap();
+        std::fs::create_dir_all(disk.join("work")).unwrap();
+        assert!(matches!(
+            with(None, "state"),
+            Err(SpecError::BadLayerDir(_))
+        ));
     }
 
     #[test]

@@ -464,8 +464,9 @@ async fn boot_failure_is_s300_with_the_cause() {
 
 /// A worker VM as a microVM: `/worker` is the Compose dir without `iii.yaml` (a read-only
 /// tmpfs holding read-only binds, made by the runner inside the root and seen through the
-/// root's virtio-fs share), `/state` is the host's data dir, and the root layer persists
-/// across stop and start.
+/// root's virtio-fs share), `/state` is in the layer's image beside the root's changes (a
+/// root adapter; else the host's data dir), and the root layer and `/state` persist across
+/// stop and start.
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     let test = "worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root";
@@ -477,6 +478,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     .unwrap();
     std::fs::write(compose.join("app.txt"), "hello from the host\n").unwrap();
     std::fs::write(compose.join("fill.py"), filler("/fill")).unwrap();
+    std::fs::write(compose.join("fill_state.py"), filler("/state/fill")).unwrap();
     let options = libkrun_worker_options(&compose, &[]);
     let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
     if !microvms_or_refusal(&stack, test).await {
@@ -493,6 +495,10 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     if !bounded {
         println!("\n*** {test}: the worker layer's fill check DID NOT RUN: {worker_layers} ***\n");
     }
+    let state_in_image = stack.worker_state_in_image().await;
+    if !state_in_image {
+        println!("\n*** {test}: the /state fill check DID NOT RUN: /state is a host directory here ***\n");
+    }
     let prepared = worker_ok(
         &stack,
         "prepare",
@@ -505,12 +511,18 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     } else {
         ""
     };
+    // /state shares the image's bound: filled to ENOSPC too (its output says "state").
+    let fill_state = if state_in_image {
+        "[ -f /opt/x ] || python3 /worker/fill_state.py | sed 's/^/state /'; rm -f /state/fill; "
+    } else {
+        ""
+    };
     let script = format!(
-        "{fill}ls /worker; cat /worker/app.txt; \
+        "{fill}{fill_state}ls /worker; cat /worker/app.txt; \
         touch /worker/new 2>/dev/null && echo WRITE-OK || echo WRITE-FAILED; \
         echo x >> /worker/app.txt 2>/dev/null && echo APPEND-OK || echo APPEND-FAILED; \
         [ -f /opt/x ] && echo root-kept; mkdir -p /opt && echo x > /opt/x; \
-        echo hi > /state/out; echo ready; sleep 1000"
+        [ -f /state/out ] && echo state-kept; echo hi > /state/out; echo ready; sleep 1000"
     );
     let start = json!({"vm_id": "api", "command": ["sh", "-c", script]});
     let free_before = free_bytes(stack.state_dir.path());
@@ -543,6 +555,13 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
         // The image file holds at most its size; logs and the layer's files come besides.
         assert!(lost_mb < DISK_MB + 48, "the host lost {lost_mb} MiB");
     }
+    if state_in_image {
+        assert!(
+            log.contains("state errno 28 ENOSPC"),
+            "/state is bounded: {log}"
+        );
+        assert!(number(&log, "state written_mb ") <= DISK_MB, "{log}");
+    }
     assert!(
         log.contains("WRITE-FAILED") && log.contains("APPEND-FAILED"),
         "/worker and its files are read-only: {log}"
@@ -553,12 +572,20 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     );
     assert!(!compose.join("new").exists());
     let data = stack.state_dir.path().join("workers/api/data/out");
-    assert_eq!(
-        std::fs::read_to_string(&data).unwrap_or_default(),
-        "hi\n",
-        "/state/out is on the host at {}",
-        data.display()
-    );
+    if state_in_image {
+        assert!(
+            !data.exists(),
+            "/state reached the host at {}",
+            data.display()
+        );
+    } else {
+        assert_eq!(
+            std::fs::read_to_string(&data).unwrap_or_default(),
+            "hi\n",
+            "/state/out is on the host at {}",
+            data.display()
+        );
+    }
     println!(
         "*** worker VM start: worker::start answered in {start_ms:.0} ms, \
          the workload's output in the log after {ready_ms:.0} ms ***"
@@ -576,6 +603,7 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
     worker_ok(&stack, "start", start).await;
     let log = wait_log(&stack, "api", "ready", 2, Duration::from_secs(90)).await;
     assert!(log.contains("root-kept"), "the root layer persists: {log}");
+    assert!(log.contains("state-kept"), "/state persists: {log}");
 
     let destroyed = worker_ok(&stack, "destroy", json!({"vm_id": "api"})).await;
     assert_eq!(destroyed["destroyed"], true, "{destroyed}");
@@ -743,16 +771,18 @@ async fn microvms_cannot_escape_to_the_host() {
     assert_eq!(planted, 2, "the root and /state plants were made: {log}");
     let found = assert_plants_out_of_reach(stack.state_dir.path(), stack.adapter.pid());
     // A layer bounded by its ext4 image (root adapter) holds the root's plant inside the
-    // image, where no host path reaches it: only the /state plant is a host file then.
+    // image, where no host path reaches it, and /state's with it: no plant is a host file.
     let info = stack.call("adapter::info", json!({})).await.expect("info");
-    let in_image = !info["backend"]["isolation"]["disk"]["worker_layers"]
+    let disk = &info["backend"]["isolation"]["disk"];
+    let root_in_image = !disk["worker_layers"]
         .as_str()
         .unwrap_or_default()
         .starts_with("NOT bounded");
+    let state_in_image = stack.worker_state_in_image().await;
     assert_eq!(
         found,
-        if in_image { 1 } else { 2 },
-        "the plants are in the worker's directories on the host (the root's in its image: {in_image})"
+        2 - usize::from(root_in_image) - usize::from(state_in_image),
+        "the plants on the host (the root's in its image: {root_in_image}, /state's: {state_in_image})"
     );
     worker_ok(&stack, "destroy", json!({"vm_id": "escape"})).await;
 
