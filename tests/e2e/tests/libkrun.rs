@@ -546,7 +546,10 @@ async fn worker_vm_runs_as_a_microvm_with_its_mounts_and_persistent_root() {
         println!(
             "worker layer fill: {} ; the host lost {lost_mb} MiB",
             log.lines()
-                .filter(|l| l.starts_with("errno") || l.starts_with("written_mb"))
+                .filter(|l| {
+                    let l = l.strip_prefix("state ").unwrap_or(l);
+                    l.starts_with("errno") || l.starts_with("written_mb")
+                })
                 .collect::<Vec<_>>()
                 .join(" ")
         );
