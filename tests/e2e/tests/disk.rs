@@ -133,25 +133,49 @@ async fn bad_disk_values_stop_the_adapter_naming_the_key() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
-    let test = "a_worker_layer_is_bounded_and_keeps_its_files_across_starts";
+/// A stack of `default_disk_mb` DISK_MB serving a Compose project, holding the host's disk.
+struct WorkerDisk {
+    project: tempfile::TempDir,
+    stack: Stack,
+    _alone: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// A [`WorkerDisk`] where `adapter::info`'s `disk.<key>` says it is bounded here; none where
+/// it is not (the test then says it did not run).
+async fn bounded_worker_disk(test: &str, key: &str) -> Option<WorkerDisk> {
     if !bwrap_usable(test) {
-        return;
+        return None;
     }
     let _alone = HOST_DISK.lock().await;
     let project = e2e_tests::host_dir();
     let options = compose_options(project.path());
     let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
     let info = stack.call("adapter::info", json!({})).await.expect("info");
-    let worker_layers = info["backend"]["isolation"]["disk"]["worker_layers"]
+    let how = info["backend"]["isolation"]["disk"][key]
         .as_str()
-        .unwrap_or_default()
-        .to_string();
-    if worker_layers.starts_with("NOT bounded") {
-        println!("\n*** {test} DID NOT RUN: {worker_layers} ***\n");
-        return;
+        .unwrap_or_default();
+    if how.starts_with("NOT bounded") {
+        println!("\n*** {test} DID NOT RUN: {how} ***\n");
+        return None;
     }
+    Some(WorkerDisk {
+        project,
+        stack,
+        _alone,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
+    let test = "a_worker_layer_is_bounded_and_keeps_its_files_across_starts";
+    let Some(WorkerDisk {
+        project,
+        stack,
+        _alone,
+    }) = bounded_worker_disk(test, "worker_layers").await
+    else {
+        return;
+    };
     let vm = json!({"vm_id": "disk", "image": "python", "host_path": project.path()});
     worker_ok(&stack, "prepare", vm).await;
     let state = stack.state_dir.path();
@@ -183,22 +207,14 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
     let test = "a_worker_state_shares_its_bounded_layer_and_outlives_restarts";
-    if !bwrap_usable(test) {
+    let Some(WorkerDisk {
+        project,
+        stack,
+        _alone,
+    }) = bounded_worker_disk(test, "worker_state").await
+    else {
         return;
-    }
-    let _alone = HOST_DISK.lock().await;
-    let project = e2e_tests::host_dir();
-    let options = compose_options(project.path());
-    let stack = Stack::start(json!({"default_disk_mb": DISK_MB}), options).await;
-    let info = stack.call("adapter::info", json!({})).await.expect("info");
-    let worker_state = info["backend"]["isolation"]["disk"]["worker_state"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    if worker_state.starts_with("NOT bounded") {
-        println!("\n*** {test} DID NOT RUN: {worker_state} ***\n");
-        return;
-    }
+    };
     let state = stack.state_dir.path();
     let host_state = |vm_id: &str| state.join("workers").join(vm_id).join("data");
 
