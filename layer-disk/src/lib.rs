@@ -188,6 +188,16 @@ fn open_image(image: &Path) -> io::Result<File> {
     Ok(backing)
 }
 
+/// Opens `image` (a regular file, never through a link) and takes the same lock as
+/// [`mount_image`], waiting up to [`EARLIER_MOUNT_WAIT`] for an earlier holder: for a VM that
+/// gets the image as its own disk, so two VMs (a dying one and its successor) never write one
+/// filesystem at once. The lock lasts while the returned file is open.
+pub fn lock_image(image: &Path) -> io::Result<File> {
+    let file = open_image(image)?;
+    lock_within(&file, image, EARLIER_MOUNT_WAIT)?;
+    Ok(file)
+}
+
 /// Takes `file`'s exclusive lock, waiting up to `wait` for whoever holds it.
 fn lock_within(file: &File, image: &Path, wait: Duration) -> io::Result<()> {
     let deadline = Instant::now() + wait;

@@ -37,9 +37,12 @@ pub struct LibkrunBackend {
     agent_wait: Duration,
     /// A sandbox's egress (`network: true`) needs pasta and nft; without them it is S300.
     egress_tools: HostTools,
-    /// Worker VMs' persistent layers as ext4 images: a root adapter (its runner can attach
-    /// loop devices) with `mke2fs`; else plain directories, unbounded (see `worker_layers`).
+    /// Worker VMs' persistent layers as ext4 images, with `mke2fs`; else plain directories,
+    /// unbounded (see `worker_layers`).
     mke2fs: Option<PathBuf>,
+    /// The adapter is host root: its runner attaches the images to loop devices; else the
+    /// VM mounts its image as a virtio-blk disk.
+    root: bool,
 }
 
 impl LibkrunBackend {
@@ -55,36 +58,36 @@ impl LibkrunBackend {
             tuning: VmTuning::get(),
             agent_wait: crate::agent_wait::from_env(),
             egress_tools: HostTools::find(),
-            mke2fs: nix::unistd::geteuid()
-                .is_root()
-                .then(layer_disk::find_mke2fs)
-                .flatten(),
+            mke2fs: layer_disk::find_mke2fs(),
+            root: nix::unistd::geteuid().is_root(),
         }
     }
 
-    /// The layout of `spec`'s layer: a worker VM's bounded by its image when we make them.
+    /// The layout of `spec`'s layer: a worker VM's bounded by its image when we make them,
+    /// which a root runner mounts through a loop device and an ordinary user's VM as its
+    /// virtio-blk disk.
     fn layout(&self, spec: &BootSpec) -> Layout {
         let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
-        if spec.persistent_layer && self.mke2fs.is_some() {
-            layout.with_image(&spec.layer_dir)
-        } else {
-            layout
+        match (spec.persistent_layer && self.mke2fs.is_some(), self.root) {
+            (true, true) => layout.with_image(&spec.layer_dir),
+            (true, false) => layout.with_guest_disk(&spec.layer_dir),
+            (false, _) => layout,
         }
     }
 
     /// How worker VMs' persistent layers are bounded here, for `adapter::info`.
     fn worker_layer_disk(&self) -> &'static str {
-        if self.mke2fs.is_some() {
-            "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), which the VM runner mounts through a loop device in its own mount namespace: persistent, ENOSPC in the guest past it"
-        } else {
-            "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (an ordinary-user adapter's runner has no loop devices, or mke2fs is missing); sandboxes are bounded"
+        match (self.mke2fs.is_some(), self.root) {
+            (true, true) => "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), which the VM runner mounts through a loop device in its own mount namespace: persistent, ENOSPC in the guest past it",
+            (true, false) => "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), the VM's virtio-blk disk, which its init mounts under an overlay of its own: persistent, ENOSPC in the guest past it",
+            (false, _) => "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (mke2fs is missing); sandboxes are bounded",
         }
     }
 
     /// Where a worker's `/state` lives here, for `adapter::info`.
     fn worker_state_disk(&self) -> &'static str {
         if self.mke2fs.is_some() {
-            "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb), bound by the VM runner: ENOSPC in the guest past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
+            "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb): ENOSPC in the guest past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
         } else {
             "NOT bounded: a worker's /state is a plain directory of the state filesystem"
         }
@@ -95,10 +98,15 @@ impl LibkrunBackend {
         Self { tuning, ..self }
     }
 
-    /// The same backend making worker VMs' layer images with `mke2fs` (or not, with `None`).
+    /// The same backend making worker VMs' layer images with `mke2fs` (or not, with `None`),
+    /// for a root runner's loop device (`root`) or the VM's own disk.
     #[cfg(test)]
-    pub(crate) fn with_mke2fs(self, mke2fs: Option<PathBuf>) -> Self {
-        Self { mke2fs, ..self }
+    pub(crate) fn with_mke2fs(self, mke2fs: Option<PathBuf>, root: bool) -> Self {
+        Self {
+            mke2fs,
+            root,
+            ..self
+        }
     }
 
     /// The runner binary this backend starts.
@@ -116,7 +124,7 @@ impl LibkrunBackend {
         }
         let layout = self.layout(spec);
         layout.prepare(&spec.agent_path).map_err(BootError::Layer)?;
-        if let (Some(mke2fs), Some(_)) = (&self.mke2fs, &layout.image) {
+        if let (Some(mke2fs), Some(_)) = (&self.mke2fs, layout.layer_image()) {
             let (mke2fs, layer_dir, size_mb) =
                 (mke2fs.clone(), spec.layer_dir.clone(), spec.disk_mb);
             tokio::task::spawn_blocking(move || {

@@ -20,6 +20,9 @@ pub struct Layout {
     /// A worker VM's persistent layer as an ext4 image of `disk_mb` (root adapter): see
     /// [`Layout::with_image`].
     pub image: Option<PathBuf>,
+    /// A worker VM's persistent layer as an ext4 image of `disk_mb` the guest mounts itself
+    /// (ordinary-user adapter): see [`Layout::with_guest_disk`].
+    pub guest_disk: Option<PathBuf>,
     /// A worker VM's layer: what it holds outlives each boot.
     pub persistent: bool,
     pub upper: PathBuf,
@@ -47,6 +50,7 @@ impl Layout {
             work: overlay_dir.join("work"),
             disk,
             image: None,
+            guest_disk: None,
             persistent,
             root: layer_dir.join("root"),
             agent_dir: layer_dir.join("agent"),
@@ -72,6 +76,28 @@ impl Layout {
             disk: Some(disk),
             ..self
         }
+    }
+
+    /// A persistent layer bounded by an ext4 image (`disk.img`, made by the adapter) that the
+    /// VM gets as its virtio-blk disk and its init mounts under an overlay of its own: for a
+    /// runner that cannot attach loop devices (an ordinary user's). On the host, `upper` and
+    /// `work` are then in the runner's small tmpfs on `disk`, holding only its mount points;
+    /// a layer whose earlier boots used plain directories starts from the image's empty
+    /// upper, the old directories left as they are.
+    pub fn with_guest_disk(self, layer_dir: &Path) -> Self {
+        let disk = layer_dir.join("disk");
+        Self {
+            upper: disk.join("upper"),
+            work: disk.join("work"),
+            guest_disk: Some(layer_dir.join(layer_disk::IMAGE_FILE)),
+            disk: Some(disk),
+            ..self
+        }
+    }
+
+    /// The ext4 image of a persistent layer, whoever mounts it.
+    pub fn layer_image(&self) -> Option<&Path> {
+        self.image.as_deref().or(self.guest_disk.as_deref())
     }
 
     /// Creates the directories and puts the agent in its share: a hard link when the state

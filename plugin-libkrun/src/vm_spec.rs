@@ -60,8 +60,13 @@ pub fn build(
             "lower": spec.image_root,
             "upper": layout.upper,
             "work": layout.work,
-            "size_mib": (!layout.persistent).then_some(spec.disk_mb),
+            "size_mib": if layout.guest_disk.is_some() {
+                Some(GUEST_DISK_HOST_TMPFS_MIB)
+            } else {
+                (!layout.persistent).then_some(spec.disk_mb)
+            },
             "image": layout.image,
+            "guest_disk": layout.guest_disk,
         },
         "shares": [{
             "tag": "iii-agent",
@@ -112,6 +117,10 @@ pub fn build(
 /// The directory of a worker VM's layer image that holds its `/state`.
 pub const STATE_LAYER_DIR: &str = "state";
 
+/// With a guest disk, the runner's host-side tmpfs holds only its mount points (the guest's
+/// writes go to the disk): a small bound.
+pub const GUEST_DISK_HOST_TMPFS_MIB: u32 = 16;
+
 /// One of the sandbox's mounts as the runner's `mounts` entry (made inside the root on the
 /// host side, seen by the guest through the root share).
 fn runner_mount(
@@ -123,7 +132,8 @@ fn runner_mount(
         // A worker VM's `/state` shares its layer image's bound (root adapter), beside its
         // root's changes, unless its host directory holds files from before.
         GuestMount::State { host, guest }
-            if layout.image.is_some() && sandbox_core::state_in_layer_image(host, sandbox_id) =>
+            if layout.layer_image().is_some()
+                && sandbox_core::state_in_layer_image(host, sandbox_id) =>
         {
             json!({
                 "kind": "layer-dir",

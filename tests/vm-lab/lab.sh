@@ -140,9 +140,10 @@ rm -f "$SCRATCH/rc"
 # .ci/run sets it inside CI's 90 minutes) shortens an attempt to end by it, and no attempt
 # starts with under 3 minutes left, saying so.
 # kvm_amd.vgif=0: with TCG's virtual GIF, the L1 kernel panicked (a kernel stack overflow in
-# exc_page_fault on libkrun's vCPU thread, faulting on its own per-CPU GS access) in 3 of 4
-# lab boots of one microVM test here; without it, 0 in 5 (two of which still saw
-# the L2 guest reset under a 6 MiB console flood, which the test no longer makes).
+# its exception entry on libkrun's vCPU thread, faulting on its own per-CPU GS access) in 3 of
+# 4 lab boots of one microVM test here; without it, in 1 of 10 boots (the same panic: fewer,
+# not gone). Two runs also saw the L2 guest reset under a 6 MiB console flood, which the test
+# no longer makes.
 APPEND="console=ttyS0 panic=-1 quiet loglevel=${LAB_VERBOSE:+7}${LAB_VERBOSE:-1} kvm_amd.vgif=0 ${LAB_APPEND:-}"
 CPU=${LAB_CPU:-max}
 attempts=$(( ${LAB_RETRIES:-8} + 1 ))

@@ -37,10 +37,19 @@ pub(crate) fn io_error(what: &'static str, path: &Path, source: io::Error) -> Mo
     }
 }
 
-/// Makes every mount of `mounts` inside `root`; `layer` is where the root overlay's bounded
-/// filesystem is mounted (for [`GuestMount::LayerDir`]). The caller is in a private mount
-/// namespace.
-pub fn apply(root: &Path, mounts: &[GuestMount], layer: Option<&Path>) -> Result<(), MountError> {
+/// Where the root overlay's bounded filesystem is, for [`GuestMount::LayerDir`].
+#[derive(Debug, Clone, Copy)]
+pub enum Layer<'a> {
+    /// Mounted by the runner here.
+    OnHost(&'a Path),
+    /// The guest's own disk: the guest init binds its directories.
+    InGuest,
+    /// None (an unbounded overlay, or none).
+    None,
+}
+
+/// Makes every mount of `mounts` inside `root`. The caller is in a private mount namespace.
+pub fn apply(root: &Path, mounts: &[GuestMount], layer: Layer) -> Result<(), MountError> {
     let mut read_only_dirs = Vec::new();
     for mount in mounts {
         match mount {
@@ -65,15 +74,23 @@ pub fn apply(root: &Path, mounts: &[GuestMount], layer: Option<&Path>) -> Result
             GuestMount::Symlink { target, guest_path } => {
                 symlink(root, guest_path, target)?;
             }
-            GuestMount::LayerDir { name, guest_path } => {
-                let layer = layer.ok_or(MountError::Refused {
-                    path: guest_path.clone(),
-                    reason: "a layer directory needs a bounded root overlay",
-                })?;
-                let source = layer_dir(layer, name)?;
-                let target = mount_point(root, guest_path, true)?;
-                bind(&source, &target, false)?;
-            }
+            GuestMount::LayerDir { name, guest_path } => match layer {
+                Layer::OnHost(layer) => {
+                    let source = layer_dir(layer, name)?;
+                    let target = mount_point(root, guest_path, true)?;
+                    bind(&source, &target, false)?;
+                }
+                // The guest init binds it; the mount point must be in the shared root.
+                Layer::InGuest => {
+                    mount_point(root, guest_path, true)?;
+                }
+                Layer::None => {
+                    return Err(MountError::Refused {
+                        path: guest_path.clone(),
+                        reason: "a layer directory needs a bounded root overlay",
+                    })
+                }
+            },
         }
     }
     // Not recursive: the binds below keep their own flags.

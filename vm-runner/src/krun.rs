@@ -102,6 +102,16 @@ impl Context {
         })
     }
 
+    /// A raw disk image as a virtio-blk device of the guest (`vda` for the first).
+    pub fn add_disk(&self, block_id: &str, path: &str) -> Result<(), KrunError> {
+        let id = c_string("krun_add_disk", block_id)?;
+        let path = c_string("krun_add_disk", path)?;
+        // SAFETY: both strings are valid and NUL-terminated for the call; libkrun copies them.
+        check("krun_add_disk", unsafe {
+            krun::krun_add_disk(self.id, id.as_ptr(), path.as_ptr(), false)
+        })
+    }
+
     /// Offers the guest the host's virtualisation extensions (x86_64: VMX/SVM in its CPUID,
     /// where the host's KVM has them).
     pub fn set_nested_virt(&self, enabled: bool) -> Result<(), KrunError> {

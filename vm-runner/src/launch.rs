@@ -70,6 +70,9 @@ pub fn die_with_parent() -> Result<(), LaunchError> {
 
 /// `RLIMIT_NOFILE` in the guest's (Linux) numbering, whatever the host's.
 pub const GUEST_RLIMIT_NOFILE: u32 = 7;
+/// The block id of the guest disk (`root_overlay.guest_disk`), which the guest sees as
+/// `/dev/vda`: the only virtio-blk device a VM has.
+pub const GUEST_DISK_ID: &str = "layer";
 
 /// One libkrun configuration call, as [`krun_calls`] derives them from a specification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +90,8 @@ pub enum KrunCall {
         shm_bytes: u64,
         read_only: bool,
     },
+    /// `krun_add_disk`, writable: the guest's own writable layer (`root_overlay.guest_disk`).
+    Disk { block_id: String, path: String },
     /// `krun_disable_implicit_vsock` then `krun_add_vsock(0)`: no TSI.
     DisableNetworking,
     /// `krun_disable_implicit_vsock` then `krun_add_vsock(KRUN_TSI_HIJACK_INET)`: TSI for the
@@ -122,6 +127,30 @@ pub fn krun_calls(spec: &VmSpec) -> Vec<KrunCall> {
             path: share.host_path.to_string_lossy().into_owned(),
             shm_bytes,
             read_only: share.read_only,
+        });
+    }
+    // Writable: a writable bind among the mounts (a worker's /state on the host) must stay
+    // so; the read-only ones are read-only mounts on the host side.
+    if let Some(dir) = spec
+        .root_overlay
+        .as_ref()
+        .and_then(|o| o.guest_mounts_dir())
+    {
+        calls.push(KrunCall::Virtiofs {
+            tag: crate::spec::MOUNTS_TAG.into(),
+            path: dir.to_string_lossy().into_owned(),
+            shm_bytes: 0,
+            read_only: false,
+        });
+    }
+    if let Some(disk) = spec
+        .root_overlay
+        .as_ref()
+        .and_then(|o| o.guest_disk.as_ref())
+    {
+        calls.push(KrunCall::Disk {
+            block_id: GUEST_DISK_ID.into(),
+            path: disk.to_string_lossy().into_owned(),
         });
     }
     calls.push(if spec.network {
@@ -162,6 +191,7 @@ fn make(ctx: &Context, call: &KrunCall) -> Result<(), KrunError> {
             shm_bytes,
             read_only,
         } => ctx.add_virtiofs(tag, path, *shm_bytes, *read_only),
+        KrunCall::Disk { block_id, path } => ctx.add_disk(block_id, path),
         KrunCall::DisableNetworking => ctx.disable_networking(),
         KrunCall::TsiInetOnly => ctx.tsi_inet_only(),
         KrunCall::VsockPort {
@@ -201,12 +231,39 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     if let Some(root_overlay) = &spec.root_overlay {
         overlay::mount(&spec.root, root_overlay)?;
     }
-    let layer = spec
+    // The guest's own disk: one VM at a time on it (an earlier runner may still be dying).
+    let _disk_lock = match spec
         .root_overlay
         .as_ref()
-        .filter(|o| o.bounded())
-        .and_then(|o| o.disk_dir());
-    guest_mounts::apply(&spec.root, &spec.mounts, layer)?;
+        .and_then(|o| o.guest_disk.as_ref())
+    {
+        Some(disk) => Some(
+            layer_disk::lock_image(disk)
+                .map_err(|e| LaunchError::Overlay(crate::overlay::OverlayError::Image(e)))?,
+        ),
+        None => None,
+    };
+    // With a guest disk the mounts are made in their own shared directory, which the guest
+    // init binds over its root, with the layer directories (`launch_file`).
+    let guest_mounts_dir = spec
+        .root_overlay
+        .as_ref()
+        .and_then(|o| o.guest_mounts_dir());
+    match (&guest_mounts_dir, &spec.root_overlay) {
+        (Some(dir), _) => {
+            std::fs::create_dir(dir)
+                .map_err(|e| guest_mounts::io_error("make", dir, e))
+                .map_err(crate::overlay::OverlayError::Disk)?;
+            guest_mounts::apply(dir, &spec.mounts, guest_mounts::Layer::InGuest)?;
+        }
+        (None, Some(o)) if o.bounded() => {
+            let layer = o
+                .disk_dir()
+                .map_or(guest_mounts::Layer::None, guest_mounts::Layer::OnHost);
+            guest_mounts::apply(&spec.root, &spec.mounts, layer)?;
+        }
+        _ => guest_mounts::apply(&spec.root, &spec.mounts, guest_mounts::Layer::None)?,
+    }
     // TSI makes the guest's sockets ours: from here on they are judged by the policy of a
     // network namespace of our own (loopback is ours, not the host's), where pasta is the
     // only way out. Still single-threaded, as the resolver proxy's fork needs.

@@ -80,6 +80,15 @@ pub struct RootOverlay {
     /// need host root: an ordinary user's runner refuses it.
     #[serde(default)]
     pub image: Option<PathBuf>,
+    /// Bounds a persistent layer without loop devices (an ordinary user's runner): an ext4
+    /// image the adapter made, attached to the guest as its virtio-blk disk. The guest's init
+    /// mounts it (nosuid, nodev) and lays an overlay of its own over the shared root, with
+    /// its upper and work there, so the guest's writes land in the image (ENOSPC past its
+    /// size) and outlive the runner; the spec's mounts and shares are bound again over that
+    /// overlay, as they were. Needs `size_mib`: the host-side tmpfs then holds only the
+    /// runner's mount points.
+    #[serde(default)]
+    pub guest_disk: Option<PathBuf>,
 }
 
 impl RootOverlay {
@@ -89,11 +98,25 @@ impl RootOverlay {
         self.upper.parent()
     }
 
+    /// With a guest disk, where the runner makes the spec's mounts (in its host-side tmpfs,
+    /// beside `upper` and `work`): shared with the guest as [`MOUNTS_TAG`], whose init binds
+    /// them over its own root. Not inside the shared root: the guest sees a host mount point
+    /// there as a submount, which overlayfs refuses to look up in a lower layer (EREMOTE).
+    pub fn guest_mounts_dir(&self) -> Option<PathBuf> {
+        self.guest_disk.as_ref()?;
+        Some(self.disk_dir()?.join("mounts"))
+    }
+
     /// Whether the runner mounts a bounded filesystem (and makes `upper` and `work` in it).
     pub fn bounded(&self) -> bool {
-        self.size_mib.is_some() || self.image.is_some()
+        self.size_mib.is_some() || self.image.is_some() || self.guest_disk.is_some()
     }
 }
+
+/// The share holding the spec's mounts when the guest has its own disk
+/// ([`RootOverlay::guest_mounts_dir`]), and where the guest init mounts it.
+pub const MOUNTS_TAG: &str = "iii-mounts";
+pub const MOUNTS_GUEST_DIR: &str = "/.iii-mounts";
 
 /// An extra mount the runner sets up inside the (merged) root before the guest starts; the
 /// guest sees it through the root's virtio-fs share. Applied in order, so later entries may
@@ -254,19 +277,28 @@ pub enum SpecError {
     BadImage(PathBuf),
     #[error("layer-dir {0:?}: needs a root_overlay with size_mib or image, and a plain name other than upper and work")]
     BadLayerDir(String),
+    #[error("root_overlay guest_disk {0} must be an absolute path to a regular file (not a link), given with size_mib and without image")]
+    BadGuestDisk(PathBuf),
+}
+
+/// A regular file (never a link) at an absolute path.
+fn regular_file(path: &Path) -> bool {
+    path.is_absolute() && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
 }
 
 /// A bounded layer: a size or an image, and `upper` and `work` side by side in an existing
-/// directory.
+/// directory; a guest disk beside a size.
 fn validate_disk(overlay: &RootOverlay) -> Result<(), SpecError> {
+    if let Some(disk) = &overlay.guest_disk {
+        if overlay.size_mib.is_none() || overlay.image.is_some() || !regular_file(disk) {
+            return Err(SpecError::BadGuestDisk(disk.clone()));
+        }
+    }
     match (overlay.size_mib, &overlay.image) {
         (Some(_), Some(_)) => return Err(SpecError::TwoDisks),
         (Some(0), None) => return Err(SpecError::DiskSize(0)),
-        (None, Some(image)) => {
-            let regular = std::fs::symlink_metadata(image).is_ok_and(|m| m.file_type().is_file());
-            if !image.is_absolute() || !regular {
-                return Err(SpecError::BadImage(image.clone()));
-            }
+        (None, Some(image)) if !regular_file(image) => {
+            return Err(SpecError::BadImage(image.clone()))
         }
         _ => {}
     }
@@ -592,6 +624,40 @@ mod tests {
             {"port": 5, "socket": sock, "direction": "guest-listens"}
         ]);
         assert!(matches!(check(v), Err(SpecError::BadPort(5))));
+    }
+
+    #[test]
+    fn a_guest_disk_is_a_regular_file_beside_a_size_and_no_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk");
+        std::fs::create_dir(&disk).unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, b"").unwrap();
+        let with = |extra: serde_json::Value| {
+            let mut v = base(dir.path());
+            v["root_overlay"] = json!({"lower": dir.path(), "upper": disk.join("upper"),
+                "work": disk.join("work")});
+            for (key, value) in extra.as_object().unwrap() {
+                v["root_overlay"][key] = value.clone();
+            }
+            check(v)
+        };
+        let spec = with(json!({"guest_disk": image, "size_mib": 16})).expect("valid");
+        assert_eq!(spec.root_overlay.unwrap().guest_disk, Some(image.clone()));
+        let link = dir.path().join("link.img");
+        std::os::unix::fs::symlink(&image, &link).unwrap();
+        for bad in [
+            json!({"guest_disk": image}),
+            json!({"guest_disk": image, "size_mib": 16, "image": image}),
+            json!({"guest_disk": link, "size_mib": 16}),
+            json!({"guest_disk": "disk.img", "size_mib": 16}),
+            json!({"guest_disk": disk, "size_mib": 16}),
+        ] {
+            assert!(
+                matches!(with(bad.clone()), Err(SpecError::BadGuestDisk(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -117,14 +117,18 @@ time.sleep(600)
 
 /// A worker VM's spec: its mounts reach the runner, and its persistent layer boots again
 /// over what the first boot left (no "already exists" refusal): plain directories, or its
-/// ext4 image (made once, of `disk_mb`, for the runner to mount).
+/// ext4 image (made once, of `disk_mb`), which a root adapter's runner mounts and an
+/// ordinary user's VM gets as its disk.
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
     let mke2fs = layer_disk::find_mke2fs();
     if mke2fs.is_none() {
-        println!("the image half DID NOT RUN: no mke2fs on this host");
+        println!("the image halves DID NOT RUN: no mke2fs on this host");
     }
-    for images in [None, mke2fs] {
+    let with_images = mke2fs
+        .iter()
+        .flat_map(|m| [(Some(m.clone()), true), (Some(m.clone()), false)]);
+    for (images, root) in [(None, true)].into_iter().chain(with_images) {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = test_boot_spec(dir.path());
         spec.persistent_layer = true;
@@ -138,7 +142,7 @@ async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
             r#"cp "$2" "$(dirname "$2")/seen.json"; echo "booted" >> "$(dirname "$2")/boots"; exit 3"#,
         );
         let with_image = images.is_some();
-        let backend = LibkrunBackend::with_runner(runner).with_mke2fs(images);
+        let backend = LibkrunBackend::with_runner(runner).with_mke2fs(images, root);
         let mut image_inode = None;
         for boot in 1..=2 {
             let text = error_text(backend.boot_vm(&spec, None).await);
@@ -151,10 +155,19 @@ async fn worker_specs_reach_the_runner_and_boot_again_on_their_layer() {
                 serde_json::json!([{"kind": "tmpfs", "guest_path": "/worker", "read_only": true}])
             );
             let overlay = &seen["root_overlay"];
-            assert_eq!(overlay["size_mib"], serde_json::Value::Null, "not a tmpfs");
+            // A guest disk's runner holds only mount points on the host: a small tmpfs.
+            let host_tmpfs =
+                (with_image && !root).then_some(crate::vm_spec::GUEST_DISK_HOST_TMPFS_MIB);
+            assert_eq!(overlay["size_mib"], serde_json::json!(host_tmpfs));
             if with_image {
                 let image = spec.layer_dir.join("disk.img");
-                assert_eq!(overlay["image"], serde_json::json!(image));
+                let (mounted, other) = if root {
+                    ("image", "guest_disk")
+                } else {
+                    ("guest_disk", "image")
+                };
+                assert_eq!(overlay[mounted], serde_json::json!(image), "root {root}");
+                assert_eq!(overlay[other], serde_json::Value::Null);
                 assert_eq!(
                     overlay["upper"],
                     serde_json::json!(spec.layer_dir.join("disk/upper"))
