@@ -61,6 +61,7 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         match Message::from_frame(frame) {
             Ok(Message::Shutdown) => {
                 server.kill_all();
+                sync_root();
                 server.ctx.outbox.send(id, Message::ShutdownAck);
                 return Ending::Shutdown;
             }
@@ -213,4 +214,17 @@ impl Server {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes what the root's filesystem holds in memory to its disk before the host ends the
+/// sandbox: a VM whose layer is its own virtio-blk disk (an ordinary user's worker VM) would
+/// lose the writes of its last seconds, which sit in the guest's page cache until the next
+/// commit. `syncfs` of the root only (and the binds of the same filesystem, `/state`), not
+/// `sync`, which on bwrap would flush the whole host.
+fn sync_root() {
+    if let Ok(root) = std::fs::File::open("/") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: syncfs on a descriptor we own for the duration of the call.
+        unsafe { libc::syncfs(root.as_raw_fd()) };
+    }
 }

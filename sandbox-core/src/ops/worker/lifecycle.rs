@@ -314,9 +314,12 @@ pub async fn stop_run(run: &Run, timeout: Duration) {
     }
 }
 
-/// Kills a worker VM at once without settling its record (the adapter is going away).
+/// Kills a worker VM without settling its record (the adapter is going away). Its agent
+/// first gets a moment to end its programs and write its filesystem out (a VM whose layer is
+/// its own disk holds its last writes in memory).
 pub async fn kill_run<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
     run.stop_requested.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(AGENT_GOODBYE, run.agent.shutdown()).await;
     run.process.kill().await;
     plugin.backend.release_layer(&run.layer);
 }
