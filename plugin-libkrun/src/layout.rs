@@ -68,13 +68,9 @@ impl Layout {
     /// earlier boots used plain directories (`upper`, `work` of the layer, from before
     /// images) starts from the image's empty upper; the old directories are left as they are.
     pub fn with_image(self, layer_dir: &Path) -> Self {
-        let disk = layer_dir.join("disk");
         Self {
-            upper: disk.join("upper"),
-            work: disk.join("work"),
             image: Some(layer_dir.join(layer_disk::IMAGE_FILE)),
-            disk: Some(disk),
-            ..self
+            ..self.on_disk(layer_dir)
         }
     }
 
@@ -85,11 +81,18 @@ impl Layout {
     /// a layer whose earlier boots used plain directories starts from the image's empty
     /// upper, the old directories left as they are.
     pub fn with_guest_disk(self, layer_dir: &Path) -> Self {
+        Self {
+            guest_disk: Some(layer_dir.join(layer_disk::IMAGE_FILE)),
+            ..self.on_disk(layer_dir)
+        }
+    }
+
+    /// `upper` and `work` in the filesystem the runner mounts on the layer's `disk`.
+    fn on_disk(self, layer_dir: &Path) -> Self {
         let disk = layer_dir.join("disk");
         Self {
             upper: disk.join("upper"),
             work: disk.join("work"),
-            guest_disk: Some(layer_dir.join(layer_disk::IMAGE_FILE)),
             disk: Some(disk),
             ..self
         }

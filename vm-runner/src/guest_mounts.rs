@@ -80,10 +80,8 @@ pub fn apply(root: &Path, mounts: &[GuestMount], layer: Layer) -> Result<(), Mou
                     let target = mount_point(root, guest_path, true)?;
                     bind(&source, &target, false)?;
                 }
-                // The guest init binds it; the mount point must be in the shared root.
-                Layer::InGuest => {
-                    mount_point(root, guest_path, true)?;
-                }
+                // The guest init makes it on its disk and binds it over its own root.
+                Layer::InGuest => {}
                 Layer::None => {
                     return Err(MountError::Refused {
                         path: guest_path.clone(),
