@@ -18,10 +18,20 @@ command -v ip >/dev/null || need+=(iproute2)
 # An ordinary-user adapter maps the sandbox's ids 1..65535 onto the user's subordinate range
 # (/etc/subuid, /etc/subgid) through the setuid newuidmap/newgidmap.
 command -v newuidmap >/dev/null || need+=(uidmap)
+# An ordinary-user adapter's bwrap worker VMs keep their layer in an ext4 image served by
+# FUSE (plugin-bwrap/src/fuse_disk.rs): fuse2fs for the image, fuse-overlayfs for the root.
+command -v fuse2fs >/dev/null || need+=(fuse2fs)
+command -v fuse-overlayfs >/dev/null || need+=(fuse-overlayfs)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[install-deps] installing ${need[*]} (bookworm)"
   apt-get update -qq
   apt-get install -y -qq -t bookworm --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The FUSE daemons open /dev/fuse as the adapter's user: Debian's udev rule makes it 0666; a
+# host without that rule (a container) has it root-only.
+if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
+  echo "[install-deps] /dev/fuse -> 0666 (Debian's default; fuse2fs and fuse-overlayfs need it)"
+  chmod 0666 /dev/fuse
 fi
 # pasta opens /dev/net/tun as the adapter's user: Debian's udev rule makes it 0666; a host
 # without that rule (a container, a minimal VM) has it root-only.

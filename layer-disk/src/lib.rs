@@ -29,15 +29,20 @@ pub const IMAGE_FILE: &str = "disk.img";
 
 /// `mke2fs` from `PATH`, else where Debian puts it (`/usr/sbin` is not on every user's PATH).
 pub fn find_mke2fs() -> Option<PathBuf> {
+    find_tool("mke2fs")
+}
+
+/// A program from `PATH`, else from the `sbin` directories where Debian puts e2fsprogs'.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
     let in_path = std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)
-            .map(|dir| dir.join("mke2fs"))
+            .map(|dir| dir.join(name))
             .find(|p| p.is_file())
     });
     in_path.or_else(|| {
-        ["/usr/sbin/mke2fs", "/sbin/mke2fs"]
+        ["/usr/sbin", "/sbin", "/usr/bin"]
             .into_iter()
-            .map(PathBuf::from)
+            .map(|dir| Path::new(dir).join(name))
             .find(|p| p.is_file())
     })
 }

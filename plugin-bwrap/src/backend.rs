@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::cgroup;
 use crate::disk::{self, Disk};
+use crate::fuse_disk::FuseTools;
 use crate::launch::LaunchCommand;
 use crate::network::{find_in_path, resolv_conf, HostTools, NetworkSetup};
 use crate::pool::LauncherPool;
@@ -37,9 +38,8 @@ pub struct BwrapBackend {
     limits_in_force: Vec<&'static str>,
     /// Egress (`network: true`) needs pasta and nft; without them such a create is S300.
     egress_tools: HostTools,
-    /// Persistent layers (worker VMs) as ext4 images: a root adapter with `mke2fs`; else
-    /// they get a tmpfs like sandboxes (bounded, not persistent; see `disk.rs`).
-    mke2fs: Option<PathBuf>,
+    /// How persistent layers (worker VMs) are bounded here (see `disk.rs`).
+    worker_disks: WorkerDisks,
 }
 
 impl BwrapBackend {
@@ -63,12 +63,9 @@ impl BwrapBackend {
         }
         // Every layer is size-limited, whoever runs the adapter (see `disk.rs`).
         limits_in_force.push("disk");
-        let mke2fs = id_map
-            .needs_idmapped_mounts()
-            .then(layer_disk::find_mke2fs)
-            .flatten();
-        let worker_layers = worker_layer_disk(mke2fs.is_some());
-        if mke2fs.is_some() {
+        let worker_disks = WorkerDisks::find(id_map.needs_idmapped_mounts());
+        let worker_layers = worker_disks.describe_layers();
+        if worker_disks.is_bounded() {
             tracing::info!(
                 worker_layers,
                 "writable layers are size-limited (sandboxes: a tmpfs of default_disk_mb)"
@@ -77,7 +74,7 @@ impl BwrapBackend {
             tracing::warn!(worker_layers, "worker VMs' writable layers are not size-limited here (sandboxes are: a tmpfs of default_disk_mb)");
         }
         Self {
-            mke2fs,
+            worker_disks,
             limits_in_force,
             egress_tools: HostTools::find(),
             bwrap: find_in_path("bwrap"),
@@ -160,11 +157,12 @@ impl Backend for BwrapBackend {
             at: path(&disk_dir),
             size_mb: spec.disk_mb,
             image: None,
+            fuse: None,
             state: false,
         };
-        let disk = match (spec.persistent_layer, &self.mke2fs) {
+        let disk = match (spec.persistent_layer, &self.worker_disks) {
             (false, _) => Some(tmpfs),
-            (true, Some(mke2fs)) => {
+            (true, WorkerDisks::Images { mke2fs, fuse }) => {
                 let (mke2fs, layer_dir, size_mb) =
                     (mke2fs.clone(), spec.layer_dir.clone(), spec.disk_mb);
                 let image = tokio::task::spawn_blocking(move || {
@@ -175,11 +173,12 @@ impl Backend for BwrapBackend {
                 .map_err(|e| boot_error("cannot make the layer's disk image", e))?;
                 Some(Disk {
                     image: Some(path(&image)),
+                    fuse: fuse.clone(),
                     ..tmpfs
                 })
             }
             // The documented fallback (see `disk.rs`): plain directories of the layer.
-            (true, None) => None,
+            (true, WorkerDisks::Unbounded(_)) => None,
         };
         let (mounts, disk) = place_state(&spec.mounts, disk, &spec.sandbox_id);
         let (upper, work) = match &disk {
@@ -307,8 +306,8 @@ impl Backend for BwrapBackend {
             "cgroup_parents": cgroup::Placement::get().parents.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
-                "worker_layers": worker_layer_disk(self.mke2fs.is_some()),
-                "worker_state": worker_state_disk(self.mke2fs.is_some()),
+                "worker_layers": self.worker_disks.describe_layers(),
+                "worker_state": self.worker_disks.describe_state(),
             },
             "network": self.egress_tools.describe(
                 "always the sandbox's own (network: false: loopback only)",
@@ -494,21 +493,57 @@ impl SandboxProcess for BwrapProcess {
     }
 }
 
-/// How worker VMs' persistent layers are bounded here, for the log and `adapter::info`.
-fn worker_layer_disk(images: bool) -> &'static str {
-    if images {
-        "an ext4 image of default_disk_mb per worker VM (sparse, on a loop device): persistent, ENOSPC past it"
-    } else {
-        "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (an ordinary-user adapter has no loop devices, or mke2fs is missing); sandboxes are bounded"
-    }
+/// How worker VMs' persistent layers (and their `/state`) are bounded on this host.
+enum WorkerDisks {
+    /// An ext4 image per worker: on a loop device (root adapter) or served by FUSE.
+    Images {
+        mke2fs: PathBuf,
+        fuse: Option<FuseTools>,
+    },
+    /// Plain directories of the state filesystem, and why.
+    Unbounded(String),
 }
 
-/// Where a worker's `/state` lives here, for `adapter::info` (see `disk.rs`).
-fn worker_state_disk(images: bool) -> &'static str {
-    if images {
-        "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb): ENOSPC past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
-    } else {
-        "NOT bounded: a worker's /state is a plain directory of the state filesystem"
+impl WorkerDisks {
+    /// A root adapter mounts images itself; an ordinary user's needs the FUSE tools.
+    fn find(root: bool) -> WorkerDisks {
+        let Some(mke2fs) = layer_disk::find_mke2fs() else {
+            return WorkerDisks::Unbounded("no mke2fs on this host".into());
+        };
+        if root {
+            return WorkerDisks::Images { mke2fs, fuse: None };
+        }
+        match FuseTools::find() {
+            Ok(fuse) => WorkerDisks::Images {
+                mke2fs,
+                fuse: Some(fuse),
+            },
+            Err(why) => WorkerDisks::Unbounded(format!(
+                "an ordinary-user adapter has no loop devices and serves a layer's image with FUSE, but {why}"
+            )),
+        }
+    }
+
+    fn is_bounded(&self) -> bool {
+        matches!(self, WorkerDisks::Images { .. })
+    }
+
+    /// For the log and `adapter::info`.
+    fn describe_layers(&self) -> String {
+        match self {
+            WorkerDisks::Images { fuse: None, .. } => "an ext4 image of default_disk_mb per worker VM (sparse, on a loop device): persistent, ENOSPC past it".into(),
+            WorkerDisks::Images { fuse: Some(_), .. } => "an ext4 image of default_disk_mb per worker VM (sparse), served by fuse2fs with the root overlay by fuse-overlayfs, in the sandbox's user namespace: persistent, ENOSPC past it".into(),
+            WorkerDisks::Unbounded(why) => format!("NOT bounded: a worker's persistent layer is a plain directory of the state filesystem ({why}); sandboxes are bounded"),
+        }
+    }
+
+    /// Where a worker's `/state` lives here, for `adapter::info` (see `disk.rs`).
+    fn describe_state(&self) -> &'static str {
+        if self.is_bounded() {
+            "in the worker's layer image (a directory beside its root's changes, sharing its default_disk_mb): ENOSPC past it; a /state that held files before this is kept as a host directory, NOT bounded (the log names the worker)"
+        } else {
+            "NOT bounded: a worker's /state is a plain directory of the state filesystem"
+        }
     }
 }
 
@@ -584,6 +619,7 @@ mod tests {
             at: "/l/disk".into(),
             size_mb: 64,
             image: None,
+            fuse: None,
             state: false,
         };
         let image = Disk {

@@ -19,16 +19,19 @@
 //!   moved into the image) keeps that directory, NOT bounded, saying so in the log: its data
 //!   is never moved by the adapter (a guest wrote it; a copy as root is what an attacker
 //!   wants) nor dropped. Destroying and preparing the worker again bounds it.
-//! - **Worker VMs, ordinary-user adapter**: loop devices need host root; FUSE (`fuse2fs`)
-//!   needs a usable `/dev/fuse` and a daemon per worker, not done yet. A tmpfs would bound the
-//!   layer but lose the worker's root changes at each restart, which workers rely on, so the
-//!   fallback keeps the layer and `/state` plain directories, NOT bounded, and `adapter::info`
-//!   and the log say so.
+//! - **Worker VMs, ordinary-user adapter**: loop devices need host root, so the same image is
+//!   served by FUSE daemons in the sandbox's namespaces (`fuse_disk.rs`) where the host has
+//!   `fuse2fs`, `fuse-overlayfs` and a `/dev/fuse` open to the adapter's user. Without them a
+//!   tmpfs would bound the layer but lose the worker's root changes at each restart, which
+//!   workers rely on, so the fallback keeps the layer and `/state` plain directories, NOT
+//!   bounded, and `adapter::info` and the log say so.
 
 use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::fuse_disk::FuseTools;
 
 /// Where a layer's size-limited filesystem is mounted, in the layer directory.
 pub const DISK_DIR: &str = "disk";
@@ -39,9 +42,13 @@ pub struct Disk {
     /// The mount point, a directory of the layer; `upper` and `work` are made in it.
     pub at: String,
     pub size_mb: u32,
-    /// An ext4 image file attached through a loop device (root adapter, persistent layer);
-    /// none: a tmpfs.
+    /// An ext4 image file (persistent layer), attached through a loop device (root adapter)
+    /// or served by [`Disk::fuse`]; none: a tmpfs.
     pub image: Option<String>,
+    /// Serves [`Disk::image`] and the overlay over it without host root (ordinary-user
+    /// adapter); the launcher then mounts no kernel overlay.
+    #[serde(default)]
+    pub fuse: Option<FuseTools>,
     /// Also holds the worker's `/state`, the directory [`STATE_DIR`] of the mount.
     #[serde(default)]
     pub state: bool,
@@ -66,8 +73,9 @@ impl Disk {
     }
 
     /// Mounts the filesystem at [`Disk::at`] (in the caller's mount namespace) and makes
-    /// `upper`, `work` (and `state` when it holds one) in it. A tmpfs must be mounted from the sandbox's user namespace
-    /// (its files are then the sandbox's own); an image from the host's, as host root.
+    /// `upper`, `work` (and `state` when it holds one) in it. A tmpfs, and an image served by
+    /// FUSE, must be mounted from the sandbox's user namespace (their files are then the
+    /// sandbox's own); an image on a loop device from the host's, as host root.
     pub fn mount(&self) -> io::Result<()> {
         use nix::mount::{mount, MsFlags};
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -83,9 +91,12 @@ impl Disk {
                 )
                 .map_err(|e| io::Error::other(format!("cannot mount the layer's tmpfs: {e}")))?;
             }
-            Some(image) => {
-                layer_disk::mount_image(Path::new(image), Path::new(&self.at), flags.bits())?
-            }
+            Some(image) => match &self.fuse {
+                Some(fuse) => fuse.mount_image(Path::new(image), Path::new(&self.at))?,
+                None => {
+                    layer_disk::mount_image(Path::new(image), Path::new(&self.at), flags.bits())?
+                }
+            },
         }
         let (upper, work) = self.upper_and_work();
         let state = self.state.then(|| self.state_dir());
@@ -109,6 +120,7 @@ mod tests {
             at: "/state/s/disk".into(),
             size_mb: 64,
             image: None,
+            fuse: None,
             state: false,
         };
         assert_eq!(

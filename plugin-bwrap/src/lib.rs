@@ -10,6 +10,7 @@
 mod backend;
 mod cgroup;
 pub mod disk;
+pub mod fuse_disk;
 pub mod launch;
 mod owners;
 mod pool;

@@ -159,25 +159,41 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
         private_mount_namespace()?;
         staged
     } else {
-        if image_disk.is_some() {
-            return Err("a layer image needs a root adapter".into());
+        if image_disk.is_some_and(|disk| disk.fuse.is_none()) {
+            return Err("a layer image needs a root adapter, or FUSE".into());
         }
         (command.clone(), command.args.clone())
     };
     drop(userns);
-    // A tmpfs from the sandbox's own user namespace: its files are the sandbox's.
-    if let Some(disk) = command.disk.as_ref().filter(|d| d.image.is_none()) {
-        disk.mount().map_err(|e| e.to_string())?;
+    // A tmpfs, or an image served by FUSE, from the sandbox's own user namespace: their
+    // files are the sandbox's.
+    let own_disk = command
+        .disk
+        .as_ref()
+        .filter(|d| d.image.is_none() || d.fuse.is_some());
+    if let Some(disk) = own_disk {
+        disk.mount()
+            .map_err(|e| format!("cannot mount the sandbox's layer: {e}"))?;
     }
-    let options = command.overlay_options().map_err(|e| e.to_string())?;
-    mount(
-        Some("overlay"),
-        command.merged.as_str(),
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(options.as_str()),
-    )
-    .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+    match own_disk.and_then(|d| d.fuse.as_ref()) {
+        // The kernel's overlayfs refuses an upper layer on FUSE (see `fuse_disk.rs`).
+        Some(fuse) => {
+            let dirs = command.overlay_dirs().map_err(|e| e.to_string())?;
+            fuse.mount_overlay(&dirs, Path::new(&command.merged))
+                .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+        }
+        None => {
+            let options = command.overlay_options().map_err(|e| e.to_string())?;
+            mount(
+                Some("overlay"),
+                command.merged.as_str(),
+                Some("overlay"),
+                MsFlags::empty(),
+                Some(options.as_str()),
+            )
+            .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+        }
+    }
     if let Some(network) = &command.network {
         netns::connect(pasta, network, &command.log)?;
     } else {

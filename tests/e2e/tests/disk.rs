@@ -1,7 +1,7 @@
 //! Disk limits (issue 10) on the bwrap plugin: a sandbox's writable layer holds
 //! `default_disk_mb` and no more: past it the sandbox sees ENOSPC, the host's state
 //! filesystem did not pay for it, and the sandbox keeps serving; `/tmp` likewise. A worker
-//! VM's persistent layer (root adapter: an ext4 image) is bounded the same way and keeps
+//! VM's persistent layer (an ext4 image: a loop device, or FUSE for an ordinary user) is bounded the same way and keeps
 //! what was written across starts, its `/state` in the same image. Bad values stop the
 //! adapter with exit 2 naming the key.
 
@@ -282,4 +282,58 @@ async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
         json!({"vm_id": "legacy", "timeout_ms": 2000}),
     )
     .await;
+}
+
+/// An ordinary-user adapter's worker layer is served by FUSE daemons (`fuse_disk.rs`): one
+/// killed outright (SIGKILL, no unmount, the image left marked not clean) costs the worker
+/// nothing it had synced; its next start checks and repairs the image first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_whose_disk_daemon_was_killed_outright_starts_again_with_its_files() {
+    let test = "a_worker_whose_disk_daemon_was_killed_outright_starts_again_with_its_files";
+    let Some(WorkerDisk {
+        project,
+        stack,
+        _alone,
+    }) = bounded_worker_disk(test, "worker_layers").await
+    else {
+        return;
+    };
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let layers = info["backend"]["isolation"]["disk"]["worker_layers"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if !layers.contains("fuse2fs") {
+        println!(
+            "\n*** {test} DID NOT RUN: worker layers are not served by FUSE here ({layers}) ***\n"
+        );
+        return;
+    }
+    let vm = json!({"vm_id": "fuse", "image": "python", "host_path": project.path()});
+    worker_ok(&stack, "prepare", vm).await;
+    let script = "import os\nfor path in ('/opt-kept', '/state/kept'):\n    with open(path, 'w') as f:\n        f.write('kept')\n        f.flush()\n        os.fsync(f.fileno())\nprint('synced', flush=True)\nimport time\ntime.sleep(600)\n";
+    let start = json!({"vm_id": "fuse", "command": ["python3", "-c", script]});
+    worker_ok(&stack, "start", start).await;
+    wait_log(&stack, "fuse", "synced", 1, Duration::from_secs(60)).await;
+    let image = stack
+        .state_dir
+        .path()
+        .join("workers/fuse")
+        .canonicalize()
+        .expect("the worker's directory");
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-f"])
+        .arg(format!("^\\S*fuse2fs {}/", image.display()))
+        .status()
+        .expect("pkill");
+    assert!(killed.success(), "no fuse2fs served the worker's image");
+    worker_ok(&stack, "stop", json!({"vm_id": "fuse", "timeout_ms": 2000})).await;
+    let check = json!({"vm_id": "fuse", "command": ["/bin/sh", "-c", "cat /opt-kept /state/kept; echo; echo checked; sleep 600"]});
+    worker_ok(&stack, "start", check).await;
+    let log = wait_log(&stack, "fuse", "checked", 1, Duration::from_secs(60)).await;
+    assert!(
+        log.contains("keptkept\nchecked"),
+        "the layer survived: {log}"
+    );
+    worker_ok(&stack, "stop", json!({"vm_id": "fuse", "timeout_ms": 2000})).await;
 }
