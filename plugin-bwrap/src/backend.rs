@@ -63,7 +63,8 @@ impl BwrapBackend {
         }
         // Every layer is size-limited, whoever runs the adapter (see `disk.rs`).
         limits_in_force.push("disk");
-        let worker_disks = WorkerDisks::find(id_map.needs_idmapped_mounts());
+        let bwrap = find_in_path("bwrap");
+        let worker_disks = WorkerDisks::find(id_map.needs_idmapped_mounts(), bwrap.as_deref());
         let worker_layers = worker_disks.describe_layers();
         if worker_disks.is_bounded() {
             tracing::info!(
@@ -77,7 +78,7 @@ impl BwrapBackend {
             worker_disks,
             limits_in_force,
             egress_tools: HostTools::find(),
-            bwrap: find_in_path("bwrap"),
+            bwrap,
             pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
             id_map,
@@ -506,14 +507,14 @@ enum WorkerDisks {
 
 impl WorkerDisks {
     /// A root adapter mounts images itself; an ordinary user's needs the FUSE tools.
-    fn find(root: bool) -> WorkerDisks {
+    fn find(root: bool, bwrap: Option<&Path>) -> WorkerDisks {
         let Some(mke2fs) = layer_disk::find_mke2fs() else {
             return WorkerDisks::Unbounded("no mke2fs on this host".into());
         };
         if root {
             return WorkerDisks::Images { mke2fs, fuse: None };
         }
-        match FuseTools::find() {
+        match FuseTools::find(bwrap) {
             Ok(fuse) => WorkerDisks::Images {
                 mke2fs,
                 fuse: Some(fuse),
@@ -532,7 +533,7 @@ impl WorkerDisks {
     fn describe_layers(&self) -> String {
         match self {
             WorkerDisks::Images { fuse: None, .. } => "an ext4 image of default_disk_mb per worker VM (sparse, on a loop device): persistent, ENOSPC past it".into(),
-            WorkerDisks::Images { fuse: Some(_), .. } => "an ext4 image of default_disk_mb per worker VM (sparse), served by fuse2fs with the root overlay by fuse-overlayfs, in the sandbox's user namespace: persistent, ENOSPC past it".into(),
+            WorkerDisks::Images { fuse: Some(_), .. } => "an ext4 image of default_disk_mb per worker VM (sparse), served by fuse2fs with the root overlay by fuse-overlayfs, each jailed by bwrap in the sandbox's user namespace: persistent, ENOSPC past it".into(),
             WorkerDisks::Unbounded(why) => format!("NOT bounded: a worker's persistent layer is a plain directory of the state filesystem ({why}); sandboxes are bounded"),
         }
     }

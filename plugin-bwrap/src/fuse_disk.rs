@@ -1,5 +1,6 @@
 //! A worker's persistent layer for an ordinary-user adapter, bounded without host root: its
-//! ext4 image served by `fuse2fs`, and the root overlay by `fuse-overlayfs` on top of it.
+//! ext4 image served by `fuse2fs`, and the root overlay by `fuse-overlayfs` on top of it,
+//! each daemon jailed by bwrap.
 //!
 //! Why FUSE, and why two daemons: a loop device (how a root adapter mounts the image) needs
 //! host root, and an ordinary user's namespaces may mount only tmpfs, overlayfs and FUSE. A
@@ -10,24 +11,32 @@
 //! `fuse-overlayfs`) and need `/dev/fuse` open to the adapter's user, as Debian's udev rule
 //! makes it (0666).
 //!
-//! Both daemons run in the sandbox's user and mount namespaces (the launcher's), as the
-//! sandbox's root, outside its pid namespace and seccomp filter: what a guest can send them is
-//! file-system requests on its own files. They are tied to the launcher (which becomes bwrap):
-//! when the sandbox ends they get SIGTERM, unmount and write the image out. `fuse2fs` holds
-//! the image's lock (`layer_disk::lock_image`) for its whole life, so the next start waits for
-//! that write instead of serving a half-written image, and the image is checked (`e2fsck -p`)
-//! before each start in case a daemon was killed outright.
+//! **The daemons are jailed.** They answer file requests a hostile guest chooses, so a flaw in
+//! one must not reach the host: the launcher mounts each file system itself (in the sandbox's
+//! mount namespace) and hands the open FUSE device to the daemon, which runs under bwrap with
+//! only its own files in view (its image, or the lower root and the disk), no other process
+//! in view (a pid namespace of its own), no network, and only the capabilities file serving
+//! needs. `fuse-overlayfs` takes the device as `/dev/fd/N`; `fuse2fs` (libfuse 2) cannot, so
+//! its jail denies it `mount` and its libfuse falls back to `fusermount`, which in the jail
+//! is this launcher binary answering with the device ([`answer_fusermount`]).
+//!
+//! **Lifetime.** The jails are tied to the launcher (which becomes bwrap): when the sandbox
+//! ends they get SIGTERM, the sandbox's mount namespace goes, the overlay's mount with it,
+//! `fuse-overlayfs` sees its device closed and exits, which drops the last mount of the disk,
+//! and `fuse2fs` exits after writing the image out. `fuse2fs` holds the image's lock
+//! (`layer_disk::lock_image`) to the end, so the next start waits for that write instead of
+//! serving a half-written image, and the image is checked (`e2fsck -p`) before each start in
+//! case a daemon was killed outright.
 
 #![allow(unsafe_code)]
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
@@ -37,15 +46,37 @@ pub struct FuseTools {
     pub fuse2fs: String,
     pub fuse_overlayfs: String,
     pub e2fsck: String,
+    /// The jail of both daemons.
+    pub bwrap: String,
 }
 
-/// How long a daemon may take to show its mount.
-const MOUNT_WAIT: Duration = Duration::from_secs(20);
+/// Where a jailed daemon finds its mounted FUSE device (bwrap keeps low numbers for itself).
+const DEVICE_FD: RawFd = 63;
+/// The sandbox log's line when the image was not clean at a start.
+pub const REPAIRED: &str =
+    "the layer's image was not clean (a disk daemon was killed outright): e2fsck repaired it";
+/// Where `fuse2fs` holds the image's lock.
+const LOCK_FD: RawFd = 62;
+/// libfuse 2 names the socket to send the device on in this variable when it runs
+/// `fusermount`.
+const FUSERMOUNT_SOCKET_ENV: &str = "_FUSE_COMMFD";
+
+/// Capabilities of the sandbox's user namespace a daemon keeps: those of file serving
+/// (owners, modes, device whiteouts), none of mounting, tracing or networking.
+const OVERLAY_CAPS: [&str; 7] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_MKNOD",
+    "CAP_SETFCAP",
+];
 
 impl FuseTools {
     /// The tools, when this host lets the adapter's user serve an image with FUSE; else why
     /// not, for the log and `adapter::info`.
-    pub fn find() -> Result<FuseTools, String> {
+    pub fn find(bwrap: Option<&Path>) -> Result<FuseTools, String> {
         let find = |name: &str| {
             layer_disk::find_tool(name)
                 .map(|p| p.display().to_string())
@@ -55,6 +86,7 @@ impl FuseTools {
             fuse2fs: find("fuse2fs")?,
             fuse_overlayfs: find("fuse-overlayfs")?,
             e2fsck: find("e2fsck")?,
+            bwrap: bwrap.ok_or("no bwrap on this host")?.display().to_string(),
         };
         OpenOptions::new()
             .read(true)
@@ -69,32 +101,46 @@ impl FuseTools {
     pub fn mount_image(&self, image: &Path, at: &Path) -> io::Result<()> {
         let lock = layer_disk::lock_image(image)?;
         self.check(image)?;
-        let mut fuse2fs = Command::new(&self.fuse2fs);
-        // Foreground, so it stays this process's child and dies with it; allow_other: the
-        // sandbox's other ids reach `/state` on it directly.
-        fuse2fs
+        let device = mount_device(at, "fuse2fs")?;
+        let shim = std::env::current_exe()?;
+        let mut jail = jail(&self.bwrap, &[]);
+        jail.arg("--ro-bind")
+            .arg(&shim)
+            .arg("/usr/bin/fusermount")
+            .args(["--dev-bind", "/dev/fuse", "/dev/fuse", "--bind"])
             .arg(image)
-            .arg(at)
-            .args(["-f", "-o", "allow_other,nosuid,nodev"]);
-        spawn_until_mounted(fuse2fs, at, Some(lock.as_raw_fd()))
+            .args(["/disk.img", "--dir", "/mnt", "--"])
+            .arg(&self.fuse2fs)
+            .args(["/disk.img", "/mnt", "-f", "-o", "allow_other"]);
+        spawn(jail, device, Some(lock))?;
+        wait_until_served(at, "fuse2fs")
     }
 
-    /// Serves the overlay of `lower` under `upper` (both paths already checked for the
-    /// option separators) at `merged`.
-    pub fn mount_overlay(&self, dirs_option: &str, merged: &Path) -> io::Result<()> {
-        let mut overlay = Command::new(&self.fuse_overlayfs);
+    /// Serves the overlay of `lower` under the `upper` and `work` directories of `disk` (a
+    /// mount of [`FuseTools::mount_image`]) at `merged`.
+    pub fn mount_overlay(&self, lower: &Path, disk: &Path, merged: &Path) -> io::Result<()> {
+        let device = mount_device(merged, "fuse-overlayfs")?;
+        let mut jail = jail(&self.bwrap, &OVERLAY_CAPS);
         // writeback=0: a write past the bound fails at once (ENOSPC), not at a later fsync,
         // and dirty pages wait in no host cache. noacl: with ACLs on, the kernel asks for
         // the root's `system.posix_acl_access` on another uid's path walk and fails it with
         // the daemon's EOPNOTSUPP (seen on 6.18: a program switched to uid 1000 could open
         // nothing).
-        overlay
-            .args(["-f", "-o"])
-            .arg(format!(
-                "noacl,allow_other,nosuid,nodev,writeback=0,{dirs_option}"
-            ))
-            .arg(merged);
-        spawn_until_mounted(overlay, merged, None)
+        jail.arg("--ro-bind")
+            .arg(lower)
+            .arg("/lower")
+            .arg("--bind")
+            .arg(disk)
+            .args(["/disk", "--"])
+            .arg(&self.fuse_overlayfs)
+            .args([
+                "-f",
+                "-o",
+                "noacl,allow_other,writeback=0,lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work",
+            ])
+            .arg(format!("/dev/fd/{DEVICE_FD}"));
+        spawn(jail, device, None)?;
+        wait_until_served(merged, "fuse-overlayfs")
     }
 
     /// `e2fsck -p`, then `-y` if preening was not enough: a daemon killed outright (not by
@@ -109,7 +155,15 @@ impl FuseTools {
                 .output()?;
             // 0: clean, 1: fixed, 2: fixed (a mounted root would reboot); 4 and up: not fixed.
             match output.status.code() {
-                Some(0..=2) => return Ok(()),
+                Some(0) => return Ok(()),
+                // To the sandbox log: a clean stop never leaves anything to repair.
+                Some(1..=2) => {
+                    eprintln!(
+                        "{REPAIRED}: {}",
+                        String::from_utf8_lossy(&output.stdout).trim()
+                    );
+                    return Ok(());
+                }
                 _ if mode == "-p" => continue,
                 code => {
                     return Err(io::Error::other(format!(
@@ -123,71 +177,145 @@ impl FuseTools {
     }
 }
 
-/// Starts a FUSE daemon in the foreground, tied to this process (SIGTERM when it exits), with
-/// nothing of ours open but stderr (the sandbox log) and `keep` (as its fd 3), and waits
-/// until its file system shows at `at`.
-fn spawn_until_mounted(mut daemon: Command, at: &Path, keep: Option<RawFd>) -> io::Result<()> {
+/// Opens a FUSE device and mounts it at `at` (nosuid, nodev, every id of the sandbox may
+/// enter); the file system answers once a daemon serves the device.
+fn mount_device(at: &Path, name: &str) -> io::Result<File> {
+    let device = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/fuse")?;
+    let options = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
+        device.as_raw_fd()
+    );
+    nix::mount::mount(
+        Some(name),
+        at,
+        Some(format!("fuse.{name}").as_str()),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(|e| io::Error::other(format!("cannot mount {name} at {}: {e}", at.display())))?;
+    Ok(device)
+}
+
+/// bwrap's arguments for a daemon's jail, up to its own binds: the system's programs and
+/// libraries read-only, fresh `/dev` and `/proc`, its own pid, network, IPC and UTS
+/// namespaces (the sandbox's user namespace stays, so the daemon keeps the sandbox's ids),
+/// a session of its own, and `caps` alone of the namespace's capabilities.
+fn jail(bwrap: &str, caps: &[&str]) -> Command {
+    let mut jail = Command::new(bwrap);
+    jail.args([
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--new-session",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]);
+    // Merged-/usr systems link these into /usr; others have them as directories.
+    for top in ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+        match std::fs::read_link(top) {
+            Ok(target) => {
+                jail.arg("--symlink").arg(target).arg(top);
+            }
+            Err(_) if Path::new(top).is_dir() => {
+                jail.args(["--ro-bind", top, top]);
+            }
+            Err(_) => {}
+        }
+    }
+    if Path::new("/etc/ld.so.cache").exists() {
+        jail.args(["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]);
+    }
+    jail.args(["--dev", "/dev", "--proc", "/proc", "--cap-drop", "ALL"]);
+    for cap in caps {
+        jail.args(["--cap-add", cap]);
+    }
+    jail
+}
+
+/// Starts a jail with `device` as its fd [`DEVICE_FD`] (and `lock` as [`LOCK_FD`]), tied to
+/// this process (SIGTERM when it exits), nothing else of ours open but stderr (the sandbox
+/// log), then closes our copy of the device: from here on only the daemon holds it, so if
+/// the daemon dies the file system fails (ENOTCONN) instead of hanging.
+fn spawn(mut jail: Command, device: File, lock: Option<File>) -> io::Result<()> {
     let launcher = std::process::id() as libc::pid_t;
-    daemon
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .env_clear();
+    let device_fd = device.as_raw_fd();
+    let lock_fd = lock.as_ref().map(AsRawFd::as_raw_fd);
+    jail.stdin(Stdio::null()).stdout(Stdio::null()).env_clear();
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe system calls on plain integers.
     unsafe {
-        daemon.pre_exec(move || {
+        jail.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0
                 || libc::getppid() != launcher
             {
                 return Err(io::Error::other("the launcher is gone"));
             }
-            let mut first_closed = 3;
-            if let Some(fd) = keep {
-                // dup2 leaves the copy without close-on-exec: the daemon holds the lock.
-                if libc::dup2(fd, 3) < 0 {
+            // dup2 leaves each copy without close-on-exec.
+            if libc::dup2(device_fd, DEVICE_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(fd) = lock_fd {
+                if libc::dup2(fd, LOCK_FD) < 0 {
                     return Err(io::Error::last_os_error());
                 }
-                first_closed = 4;
             }
             // The agent's channel is fd 0/1 (replaced above); anything else of the launcher's
             // (the pasta starter's pipe) must not outlive it in a daemon.
-            libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, 0);
+            libc::syscall(libc::SYS_close_range, 3, LOCK_FD - 1, 0);
+            libc::syscall(libc::SYS_close_range, DEVICE_FD + 1, u32::MAX, 0);
             Ok(())
         });
     }
-    let name = PathBuf::from(daemon.get_program());
-    let child = daemon.spawn()?;
-    wait_for_mount(child, at, &name)
+    // Not waited for: it lives as long as the sandbox (dropping a Child leaves it be).
+    jail.spawn()?;
+    drop((device, lock));
+    Ok(())
 }
 
-/// Polls until `at` is a mount of its own (its device differs from its parent's), failing if
-/// the daemon exits first or takes longer than [`MOUNT_WAIT`].
-fn wait_for_mount(mut child: Child, at: &Path, name: &Path) -> io::Result<()> {
-    let parent = at.parent().unwrap_or(Path::new("/"));
-    let parent_dev = std::fs::metadata(parent)?.dev();
-    let deadline = Instant::now() + MOUNT_WAIT;
-    loop {
-        if std::fs::metadata(at).is_ok_and(|m| m.dev() != parent_dev) {
-            // Not waited for: it lives as long as the sandbox (dropping a Child leaves it be).
-            drop(child);
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            return Err(io::Error::other(format!(
-                "{} exited before its mount showed at {} ({status}; see the log above)",
-                name.display(),
-                at.display()
-            )));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            return Err(io::Error::other(format!(
-                "{} did not mount {} within {} s",
-                name.display(),
-                at.display(),
-                MOUNT_WAIT.as_secs()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+/// The first request on a fresh FUSE mount waits until the daemon has answered the kernel's
+/// INIT; it fails (ENOTCONN) if the daemon died first.
+fn wait_until_served(at: &Path, name: &str) -> io::Result<()> {
+    std::fs::metadata(at).map(drop).map_err(|e| {
+        io::Error::other(format!(
+            "{name} did not serve {} ({e}; see the log above)",
+            at.display()
+        ))
+    })
+}
+
+/// Whether this process was started as `fusermount` in a `fuse2fs` jail (see the module
+/// comment): libfuse 2 runs it with a socket to send the FUSE device on.
+pub fn is_fusermount_call() -> bool {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    Path::new(&argv0).file_name() == Some("fusermount".as_ref())
+        && std::env::var_os(FUSERMOUNT_SOCKET_ENV).is_some()
+}
+
+/// Answers libfuse 2's `fusermount` call with the device mounted by the launcher: sends fd
+/// [`DEVICE_FD`] on the socket it names, as the real `fusermount` sends the device it mounted.
+pub fn answer_fusermount() -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let socket: RawFd = std::env::var(FUSERMOUNT_SOCKET_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("{FUSERMOUNT_SOCKET_ENV} names no socket")))?;
+    let fds = [DEVICE_FD];
+    let byte = [0u8; 1];
+    let iov = [io::IoSlice::new(&byte)];
+    sendmsg::<()>(
+        socket,
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(io::Error::from)?;
+    Ok(())
 }

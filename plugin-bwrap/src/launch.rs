@@ -73,14 +73,9 @@ impl LaunchCommand {
         serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
-    /// `userxattr,lowerdir=..,upperdir=..,workdir=..` for the kernel's overlayfs.
+    /// `userxattr,lowerdir=..,upperdir=..,workdir=..`, refusing what overlayfs options
+    /// cannot carry.
     pub fn overlay_options(&self) -> io::Result<String> {
-        // Mounted by the sandbox's user namespace: overlay's own xattrs in `user.*`.
-        Ok(format!("userxattr,{}", self.overlay_dirs()?))
-    }
-
-    /// `lowerdir=..,upperdir=..,workdir=..`, refusing what overlay options cannot carry.
-    pub fn overlay_dirs(&self) -> io::Result<String> {
         for dir in [&self.lower, &self.upper, &self.work] {
             if dir.contains([',', ':', '\\', '\0']) {
                 return Err(io::Error::new(
@@ -89,8 +84,9 @@ impl LaunchCommand {
                 ));
             }
         }
+        // Mounted by the sandbox's user namespace: overlay's own xattrs in `user.*`.
         Ok(format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "userxattr,lowerdir={},upperdir={},workdir={}",
             self.lower, self.upper, self.work
         ))
     }

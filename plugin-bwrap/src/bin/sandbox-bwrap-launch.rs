@@ -24,6 +24,7 @@ use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::unistd::{dup2, getppid, Pid};
+use plugin_bwrap::fuse_disk;
 use plugin_bwrap::launch::LaunchCommand;
 use plugin_bwrap::netns::{self, PastaStarter};
 use plugin_bwrap::userns::{self, IdMap};
@@ -36,6 +37,13 @@ struct Prepared {
 }
 
 fn main() -> ExitCode {
+    // In a worker's disk jail, as its `fusermount` (see `fuse_disk.rs`).
+    if fuse_disk::is_fusermount_call() {
+        return match fuse_disk::answer_fusermount() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("as fusermount: {e}")),
+        };
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--remove-tree") {
         return remove_tree(&args[1..]);
@@ -178,9 +186,13 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
     match own_disk.and_then(|d| d.fuse.as_ref()) {
         // The kernel's overlayfs refuses an upper layer on FUSE (see `fuse_disk.rs`).
         Some(fuse) => {
-            let dirs = command.overlay_dirs().map_err(|e| e.to_string())?;
-            fuse.mount_overlay(&dirs, Path::new(&command.merged))
-                .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
+            let disk = own_disk.map(|d| d.at.as_str()).unwrap_or_default();
+            fuse.mount_overlay(
+                Path::new(&command.lower),
+                Path::new(disk),
+                Path::new(&command.merged),
+            )
+            .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
         }
         None => {
             let options = command.overlay_options().map_err(|e| e.to_string())?;

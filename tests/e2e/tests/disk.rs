@@ -137,6 +137,8 @@ async fn bad_disk_values_stop_the_adapter_naming_the_key() {
 struct WorkerDisk {
     project: tempfile::TempDir,
     stack: Stack,
+    /// What `adapter::info` says of the bound (`disk.<key>`).
+    how: String,
     _alone: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -159,6 +161,7 @@ async fn bounded_worker_disk(test: &str, key: &str) -> Option<WorkerDisk> {
         return None;
     }
     Some(WorkerDisk {
+        how: how.to_string(),
         project,
         stack,
         _alone,
@@ -172,6 +175,7 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
         project,
         stack,
         _alone,
+        ..
     }) = bounded_worker_disk(test, "worker_layers").await
     else {
         return;
@@ -201,6 +205,13 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
     worker_ok(&stack, "start", check).await;
     let log = wait_log(&stack, "disk", "checked", 1, Duration::from_secs(60)).await;
     assert!(log.contains("kept\nchecked"), "the layer persisted: {log}");
+    // FUSE-served layers: the stop let the daemons write the image out and exit cleanly.
+    let layer = stack.state_dir.path().join("workers/disk/layer");
+    let sandbox_log = std::fs::read_to_string(layer.join("sandbox.log")).unwrap_or_default();
+    assert!(
+        !sandbox_log.contains("was not clean"),
+        "an orderly stop left the image clean: {sandbox_log}"
+    );
     worker_ok(&stack, "stop", json!({"vm_id": "disk", "timeout_ms": 2000})).await;
 }
 
@@ -211,6 +222,7 @@ async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
         project,
         stack,
         _alone,
+        ..
     }) = bounded_worker_disk(test, "worker_state").await
     else {
         return;
@@ -293,19 +305,15 @@ async fn a_worker_whose_disk_daemon_was_killed_outright_starts_again_with_its_fi
     let Some(WorkerDisk {
         project,
         stack,
+        how,
         _alone,
     }) = bounded_worker_disk(test, "worker_layers").await
     else {
         return;
     };
-    let info = stack.call("adapter::info", json!({})).await.expect("info");
-    let layers = info["backend"]["isolation"]["disk"]["worker_layers"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    if !layers.contains("fuse2fs") {
+    if !how.contains("fuse2fs") {
         println!(
-            "\n*** {test} DID NOT RUN: worker layers are not served by FUSE here ({layers}) ***\n"
+            "\n*** {test} DID NOT RUN: worker layers are not served by FUSE here ({how}) ***\n"
         );
         return;
     }
@@ -315,18 +323,14 @@ async fn a_worker_whose_disk_daemon_was_killed_outright_starts_again_with_its_fi
     let start = json!({"vm_id": "fuse", "command": ["python3", "-c", script]});
     worker_ok(&stack, "start", start).await;
     wait_log(&stack, "fuse", "synced", 1, Duration::from_secs(60)).await;
-    let image = stack
-        .state_dir
-        .path()
-        .join("workers/fuse")
-        .canonicalize()
-        .expect("the worker's directory");
-    let killed = std::process::Command::new("pkill")
-        .args(["-KILL", "-f"])
-        .arg(format!("^\\S*fuse2fs {}/", image.display()))
+    let image = stack.state_dir.path().join("workers/fuse/layer/disk.img");
+    let daemon = jailed_fuse2fs(&image).expect("a fuse2fs serving the worker's image");
+    assert_jailed(daemon);
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &daemon.to_string()])
         .status()
-        .expect("pkill");
-    assert!(killed.success(), "no fuse2fs served the worker's image");
+        .expect("kill");
+    assert!(killed.success(), "kill -9 {daemon}");
     worker_ok(&stack, "stop", json!({"vm_id": "fuse", "timeout_ms": 2000})).await;
     let check = json!({"vm_id": "fuse", "command": ["/bin/sh", "-c", "cat /opt-kept /state/kept; echo; echo checked; sleep 600"]});
     worker_ok(&stack, "start", check).await;
@@ -335,5 +339,74 @@ async fn a_worker_whose_disk_daemon_was_killed_outright_starts_again_with_its_fi
         log.contains("keptkept\nchecked"),
         "the layer survived: {log}"
     );
+    let sandbox_log =
+        std::fs::read_to_string(image.with_file_name("sandbox.log")).unwrap_or_default();
+    assert!(
+        sandbox_log.contains("e2fsck repaired it"),
+        "the start checked the image: {sandbox_log}"
+    );
     worker_ok(&stack, "stop", json!({"vm_id": "fuse", "timeout_ms": 2000})).await;
+}
+
+/// The `fuse2fs` whose jail holds `image` as its `/disk.img` (found through its root, as
+/// the test's root may look).
+fn jailed_fuse2fs(image: &std::path::Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let want = std::fs::metadata(image).ok()?;
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let program = cmdline.split(|b| *b == 0).next()?;
+        if !program.ends_with(b"fuse2fs") {
+            return None;
+        }
+        let seen = std::fs::metadata(format!("/proc/{pid}/root/disk.img")).ok()?;
+        (seen.dev() == want.dev() && seen.ino() == want.ino()).then_some(pid)
+    })
+}
+
+/// What a guest that took over the daemon would hold: no capability, a pid and a network
+/// namespace of its own, and a root that shows none of the host's files.
+fn assert_jailed(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert!(
+        field("NSpid:").split_whitespace().count() >= 2,
+        "its own pid namespace: {status}"
+    );
+    let ns = |who: &str| std::fs::read_link(format!("/proc/{who}/ns/net")).expect("net ns");
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "its own network namespace"
+    );
+    let root = format!("/proc/{pid}/root");
+    for host_file in ["etc/passwd", "home", "root", "tmp", "var"] {
+        assert!(
+            !std::path::Path::new(&root).join(host_file).exists(),
+            "the jail shows the host's /{host_file}"
+        );
+    }
+    let mut top: Vec<_> = std::fs::read_dir(&root)
+        .expect("the jail's root")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    top.sort();
+    println!("fuse2fs {pid}: jail root {top:?}");
+    assert!(
+        top.iter().all(|name| [
+            "bin", "dev", "disk.img", "etc", "lib", "lib32", "lib64", "libx32", "mnt", "proc",
+            "sbin", "usr"
+        ]
+        .contains(&name.as_str())),
+        "the jail holds only the system's programs and its image: {top:?}"
+    );
 }
