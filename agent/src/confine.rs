@@ -8,15 +8,9 @@
 //! the filter comes last (it denies mount, so nothing after it could remount anything).
 //! Everything here runs while the agent is still single-threaded.
 
-use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineError {
@@ -28,10 +22,8 @@ pub enum ConfineError {
     },
     #[error("/proc/sys/kernel/cap_last_cap holds {0:?}, not a capability number")]
     CapLastCap(String),
-    #[error("seccomp filter: {0}")]
-    Filter(#[from] seccompiler::Error),
-    #[error("seccomp filter: {0}")]
-    Rule(#[from] seccompiler::BackendError),
+    #[error("{0}")]
+    Seccomp(#[from] seccomp_policy::Error),
 }
 
 fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ConfineError {
@@ -307,153 +299,9 @@ fn drop_capabilities(last_cap: u32) -> Result<u32, ConfineError> {
 
 // ---- 4. seccomp ----
 
-/// Kernel interfaces a container has no use for: module and kexec loading, bpf, perf,
-/// the keyring (not namespaced), userfaultfd, file handles (escape a bind mount), every
-/// mount API, swap, reboot, accounting, the kernel log, port I/O, quotas, joining other
-/// namespaces and writing other processes' memory. They fail with EPERM.
-fn denied_syscalls() -> Vec<libc::c_long> {
-    let mut list = vec![
-        libc::SYS_kexec_load,
-        libc::SYS_kexec_file_load,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-        libc::SYS_bpf,
-        libc::SYS_perf_event_open,
-        libc::SYS_keyctl,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_userfaultfd,
-        libc::SYS_open_by_handle_at,
-        libc::SYS_name_to_handle_at,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_swapon,
-        libc::SYS_swapoff,
-        libc::SYS_reboot,
-        libc::SYS_acct,
-        libc::SYS_syslog,
-        libc::SYS_quotactl,
-        libc::SYS_lookup_dcookie,
-        libc::SYS_setns,
-        libc::SYS_fsopen,
-        libc::SYS_fsconfig,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_open_tree,
-        libc::SYS_move_mount,
-        libc::SYS_mount_setattr,
-        libc::SYS_process_vm_writev,
-    ];
-    // Port I/O exists on x86 only.
-    #[cfg(target_arch = "x86_64")]
-    list.extend([libc::SYS_iopl, libc::SYS_ioperm]);
-    list
-}
-
-fn arg0(op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, ConfineError> {
-    Ok(SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        op,
-        value,
-    )?)
-}
-
-/// The EPERM filter: the list above, personality other than Linux / Linux32 / query
-/// (other personalities change the address-space layout, e.g. READ_IMPLIES_EXEC), and
-/// unshare or clone asking for a new user namespace (which would hand a process a fresh
-/// full capability set; clone's flags are arg0 on x86_64 and aarch64 alike).
-fn eperm_filter(arch: TargetArch) -> Result<BpfProgram, ConfineError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
-        .into_iter()
-        .map(|nr| (nr, Vec::new()))
-        .collect();
-    rules.insert(
-        libc::SYS_personality,
-        vec![SeccompRule::new(vec![
-            arg0(SeccompCmpOp::Ne, 0)?,
-            arg0(SeccompCmpOp::Ne, 0x0008)?,
-            arg0(SeccompCmpOp::Ne, 0xffff_ffff)?,
-        ])?],
-    );
-    let newuser = libc::CLONE_NEWUSER as u64;
-    for nr in [libc::SYS_unshare, libc::SYS_clone] {
-        let rule = SeccompRule::new(vec![arg0(SeccompCmpOp::MaskedEq(newuser), newuser)?])?;
-        rules.insert(nr, vec![rule]);
-    }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )?;
-    Ok(filter.try_into()?)
-}
-
-/// clone3 passes its flags in memory, where a filter cannot look; ENOSYS makes libc fall
-/// back to clone, whose flags the EPERM filter checks (Docker does the same).
-fn clone3_filter(arch: TargetArch) -> Result<BpfProgram, ConfineError> {
-    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )?;
-    Ok(filter.try_into()?)
-}
-
-/// On x86_64, x32 syscalls carry the x86_64 audit arch with bit 30 set in the number, so
-/// the exact-number filters above would not see `mount` called that way on a kernel with
-/// x32 enabled: all of them fail with ENOSYS, as on a kernel without x32. (Other audit
-/// arches, i386 included, are killed by seccompiler's arch check.)
-#[cfg(target_arch = "x86_64")]
-fn x32_filter() -> BpfProgram {
-    use seccompiler::sock_filter;
-    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    let op = |code: u32| code as u16;
-    vec![
-        // A = seccomp_data.nr
-        sock_filter {
-            code: op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS),
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-        sock_filter {
-            code: op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K),
-            jt: 0,
-            jf: 1,
-            k: X32_SYSCALL_BIT,
-        },
-        sock_filter {
-            code: op(libc::BPF_RET | libc::BPF_K),
-            jt: 0,
-            jf: 0,
-            k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
-        },
-        sock_filter {
-            code: op(libc::BPF_RET | libc::BPF_K),
-            jt: 0,
-            jf: 0,
-            k: libc::SECCOMP_RET_ALLOW,
-        },
-    ]
-}
-
-/// Installs the filters on this (still the only) thread; every thread and exec after
-/// inherits them. Returns how many syscalls fail outright.
+/// The filters are shared with the bwrap launcher's disk-daemon jails (`seccomp-policy`).
 fn install_seccomp() -> Result<usize, ConfineError> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)?;
-    let mut programs = vec![eperm_filter(arch)?, clone3_filter(arch)?];
-    #[cfg(target_arch = "x86_64")]
-    programs.push(x32_filter());
-    for program in &programs {
-        seccompiler::apply_filter(program)?;
-    }
-    Ok(denied_syscalls().len())
+    Ok(seccomp_policy::install()?)
 }
 
 #[cfg(test)]
@@ -484,13 +332,6 @@ mod tests {
         assert_eq!(unescape(r"/a\040b\134c"), r"/a b\c");
         assert_eq!(unescape(r"/trailing\04"), r"/trailing\04");
         assert_eq!(unescape(r"/not\999octal"), r"/not\999octal");
-    }
-
-    #[test]
-    fn the_filters_compile_for_this_arch() {
-        let arch = TargetArch::try_from(std::env::consts::ARCH).expect("supported arch");
-        assert!(!eperm_filter(arch).expect("eperm filter").is_empty());
-        assert!(!clone3_filter(arch).expect("clone3 filter").is_empty());
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! one must not reach the host: the launcher mounts each file system itself (in the sandbox's
 //! mount namespace) and hands the open FUSE device to the daemon, which runs under bwrap with
 //! only its own files in view (its image, or the lower root and the disk), no other process
-//! in view (a pid namespace of its own), no network, and only the capabilities file serving
-//! needs. `fuse-overlayfs` takes the device as `/dev/fd/N`; `fuse2fs` (libfuse 2) cannot, so
+//! in view (a pid namespace of its own), no network, only the capabilities file serving
+//! needs, and the sandbox's own seccomp filters (`seccomp-policy`: no mount, no tracing, no
+//! kernel loading, no new user namespace). `fuse-overlayfs` takes the device as `/dev/fd/N`; `fuse2fs` (libfuse 2) cannot, so
 //! its jail denies it `mount` and its libfuse falls back to `fusermount`, which in the jail
 //! is this launcher binary answering with the device ([`answer_fusermount`]).
 //!
@@ -31,8 +32,8 @@
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -57,6 +58,11 @@ pub const REPAIRED: &str =
     "the layer's image was not clean (a disk daemon was killed outright): e2fsck repaired it";
 /// Where `fuse2fs` holds the image's lock.
 const LOCK_FD: RawFd = 62;
+/// Where bwrap reads the jail's seccomp filters (`seccomp-policy`), one per descriptor down
+/// from here.
+const FILTER_FDS: RawFd = 61;
+/// The lowest descriptor a jail is handed: [`FILTER_FDS`] and below, one per filter.
+const LOWEST_HANDED_FD: RawFd = 56;
 /// libfuse 2 names the socket to send the device on in this variable when it runs
 /// `fusermount`.
 const FUSERMOUNT_SOCKET_ENV: &str = "_FUSE_COMMFD";
@@ -109,10 +115,16 @@ impl FuseTools {
             .arg("/usr/bin/fusermount")
             .args(["--dev-bind", "/dev/fuse", "/dev/fuse", "--bind"])
             .arg(image)
-            .args(["/disk.img", "--dir", "/mnt", "--"])
-            .arg(&self.fuse2fs)
-            .args(["/disk.img", "/mnt", "-f", "-o", "allow_other"]);
-        spawn(jail, device, Some(lock))?;
+            .args(["/disk.img", "--dir", "/mnt"]);
+        let fuse2fs = [
+            &self.fuse2fs,
+            "/disk.img",
+            "/mnt",
+            "-f",
+            "-o",
+            "allow_other",
+        ];
+        spawn(jail, &fuse2fs, device, Some(lock))?;
         wait_until_served(at, "fuse2fs")
     }
 
@@ -131,15 +143,16 @@ impl FuseTools {
             .arg("/lower")
             .arg("--bind")
             .arg(disk)
-            .args(["/disk", "--"])
-            .arg(&self.fuse_overlayfs)
-            .args([
-                "-f",
-                "-o",
-                "noacl,allow_other,writeback=0,lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work",
-            ])
-            .arg(format!("/dev/fd/{DEVICE_FD}"));
-        spawn(jail, device, None)?;
+            .arg("/disk");
+        let device_path = format!("/dev/fd/{DEVICE_FD}");
+        let overlay = [
+            &self.fuse_overlayfs,
+            "-f",
+            "-o",
+            "noacl,allow_other,writeback=0,lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work",
+            &device_path,
+        ];
+        spawn(jail, &overlay, device, None)?;
         wait_until_served(merged, "fuse-overlayfs")
     }
 
@@ -239,14 +252,51 @@ fn jail(bwrap: &str, caps: &[&str]) -> Command {
     jail
 }
 
-/// Starts a jail with `device` as its fd [`DEVICE_FD`] (and `lock` as [`LOCK_FD`]), tied to
-/// this process (SIGTERM when it exits), nothing else of ours open but stderr (the sandbox
-/// log), then closes our copy of the device: from here on only the daemon holds it, so if
-/// the daemon dies the file system fails (ENOTCONN) instead of hanging.
-fn spawn(mut jail: Command, device: File, lock: Option<File>) -> io::Result<()> {
+/// The sandbox's seccomp filters (the agent's own, `seccomp-policy`), each in a memfd for
+/// bwrap to read: with them the daemon cannot mount, trace, load anything into the kernel
+/// or make a user namespace, whatever capabilities it holds.
+fn seccomp_filters() -> io::Result<Vec<File>> {
+    let programs = seccomp_policy::programs().map_err(io::Error::other)?;
+    let mut files = Vec::with_capacity(programs.len());
+    for program in &programs {
+        // SAFETY: a NUL-terminated name and a flag; the returned descriptor is new and ours.
+        let fd = unsafe { libc::memfd_create(c"jail-seccomp".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just made and nothing else owns it.
+        let mut file = unsafe { File::from_raw_fd(fd) };
+        file.write_all(&seccomp_policy::to_bytes(program))?;
+        file.seek(SeekFrom::Start(0))?;
+        files.push(file);
+    }
+    if files.len() as RawFd > FILTER_FDS - LOWEST_HANDED_FD + 1 {
+        return Err(io::Error::other(
+            "more seccomp filters than descriptors kept for them",
+        ));
+    }
+    Ok(files)
+}
+
+/// Starts `program` in `jail` with `device` as its fd [`DEVICE_FD`] (and `lock` as
+/// [`LOCK_FD`]), the seccomp filters on, tied to this process (SIGTERM when it exits),
+/// nothing else of ours open but stderr (the sandbox log), then closes our copy of the
+/// device: from here on only the daemon holds it, so if the daemon dies the file system
+/// fails (ENOTCONN) instead of hanging.
+fn spawn(mut jail: Command, program: &[&str], device: File, lock: Option<File>) -> io::Result<()> {
     let launcher = std::process::id() as libc::pid_t;
     let device_fd = device.as_raw_fd();
     let lock_fd = lock.as_ref().map(AsRawFd::as_raw_fd);
+    let filters = seccomp_filters()?;
+    let filter_fds: Vec<(RawFd, RawFd)> = filters
+        .iter()
+        .zip((LOWEST_HANDED_FD..=FILTER_FDS).rev())
+        .map(|(file, handed)| (file.as_raw_fd(), handed))
+        .collect();
+    for (_, handed) in &filter_fds {
+        jail.arg("--add-seccomp-fd").arg(handed.to_string());
+    }
+    jail.arg("--").args(program);
     jail.stdin(Stdio::null()).stdout(Stdio::null()).env_clear();
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe system calls on plain integers.
@@ -266,16 +316,21 @@ fn spawn(mut jail: Command, device: File, lock: Option<File>) -> io::Result<()> 
                     return Err(io::Error::last_os_error());
                 }
             }
+            for &(fd, handed) in &filter_fds {
+                if libc::dup2(fd, handed) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             // The agent's channel is fd 0/1 (replaced above); anything else of the launcher's
             // (the pasta starter's pipe) must not outlive it in a daemon.
-            libc::syscall(libc::SYS_close_range, 3, LOCK_FD - 1, 0);
+            libc::syscall(libc::SYS_close_range, 3, LOWEST_HANDED_FD - 1, 0);
             libc::syscall(libc::SYS_close_range, DEVICE_FD + 1, u32::MAX, 0);
             Ok(())
         });
     }
     // Not waited for: it lives as long as the sandbox (dropping a Child leaves it be).
     jail.spawn()?;
-    drop((device, lock));
+    drop((device, lock, filters));
     Ok(())
 }
 

@@ -365,8 +365,9 @@ fn jailed_fuse2fs(image: &std::path::Path) -> Option<u32> {
     })
 }
 
-/// What a guest that took over the daemon would hold: no capability, a pid and a network
-/// namespace of its own, and a root that shows none of the host's files.
+/// What a guest that took over the daemon would hold: no capability, the sandbox's seccomp
+/// filters, a pid and a network namespace of its own, and a root that shows none of the
+/// host's files.
 fn assert_jailed(pid: u32) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let field = |name: &str| {
@@ -378,6 +379,8 @@ fn assert_jailed(pid: u32) {
             .to_string()
     };
     assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("Seccomp:"), "2", "the sandbox's filters: {status}");
     assert!(
         field("NSpid:").split_whitespace().count() >= 2,
         "its own pid namespace: {status}"
