@@ -23,17 +23,12 @@
 //! Either way the sandbox's capabilities are those of its own namespace: useless against the
 //! host's files, kernel knobs and other tenants.
 
-// Namespaces and mounts are syscalls nix does not wrap (open_tree, mount_setattr, move_mount).
-#![allow(unsafe_code)]
-
-use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use nix::sched::{setns, unshare, CloneFlags};
-use nix::sys::wait::waitpid;
-use nix::unistd::{fork, setgroups, setresgid, setresuid, ForkResult, Gid, Uid};
+use nix::sched::{setns, CloneFlags};
+use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
 
 use sandbox_core::subordinate::{root_bases, subordinate_range};
 pub use sandbox_core::subordinate::{DEFAULT_ROOT_BASE, RANGE};
@@ -203,51 +198,10 @@ impl Subordinate {
 /// that id owns the namespace: pasta, running as it, may then join (see `netns.rs`). Call only
 /// while single-threaded (it forks).
 pub fn create(map: IdMap) -> io::Result<OwnedFd> {
-    let (ready_read, ready_write) = nix::unistd::pipe()?;
-    let (release_read, release_write) = nix::unistd::pipe()?;
-    // SAFETY: the launcher is single-threaded when it calls this, so the child may run any
-    // code; the child only unshares, writes, reads and exits.
-    match unsafe { fork() }? {
-        ForkResult::Child => {
-            drop(ready_read);
-            drop(release_write);
-            let owner_ok = !map.needs_idmapped_mounts() || become_owner(map).is_ok();
-            let ok = owner_ok && unshare(CloneFlags::CLONE_NEWUSER).is_ok();
-            let mut ready = File::from(ready_write);
-            let _ = ready.write_all(if ok { b"y" } else { b"n" });
-            drop(ready);
-            // Holds the namespace until the parent has its descriptor (EOF on release).
-            let _ = File::from(release_read).read(&mut [0u8; 1]);
-            // SAFETY: _exit ends the forked child without running the parent's destructors.
-            unsafe { libc::_exit(0) }
-        }
-        ForkResult::Parent { child } => {
-            drop(ready_write);
-            drop(release_read);
-            let mut answer = [0u8; 1];
-            let made = File::from(ready_read).read(&mut answer);
-            let result = match made {
-                Ok(1) if answer[0] == b'y' => write_maps(child.as_raw(), map).and_then(|()| {
-                    File::open(format!("/proc/{}/ns/user", child.as_raw())).map(OwnedFd::from)
-                }),
-                Ok(_) => Err(io::Error::other(
-                    "cannot create a user namespace (are unprivileged user namespaces enabled?)",
-                )),
-                Err(e) => Err(e),
-            };
-            drop(release_write);
-            let _ = waitpid(child, None);
-            result
-        }
-    }
-}
-
-/// The host ids the namespace's root will have (a root adapter's child only).
-fn become_owner(map: IdMap) -> nix::Result<()> {
-    let (uid, gid) = (Uid::from_raw(map.uid_base), Gid::from_raw(map.gid_base));
-    setgroups(&[])?;
-    setresgid(gid, gid, gid)?;
-    setresuid(uid, uid, uid)
+    let owner = map
+        .needs_idmapped_mounts()
+        .then_some((map.uid_base, map.gid_base));
+    idmap_mount::new_user_namespace(owner, |pid| write_maps(pid, map))
 }
 
 fn write_maps(pid: i32, map: IdMap) -> io::Result<()> {
@@ -328,121 +282,6 @@ pub fn remove_tree_as_sandbox(launcher: &Path, path: &Path, map: IdMap) -> io::R
         output.status,
         String::from_utf8_lossy(&output.stderr).trim()
     )))
-}
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-
-/// `struct mount_attr` of `mount_setattr(2)`.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-fn c_string(path: &Path) -> io::Result<std::ffi::CString> {
-    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL"))
-}
-
-/// A detached copy of the mount at `path` (a directory or a file) whose ids are seen through
-/// `userns`: on-disk id `k` appears as host id `base + k`, which the sandbox sees as `k`, and
-/// a write by the sandbox's `k` is stored as `k`. Needs host root.
-pub fn idmapped_clone(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, Some(userns), false)
-}
-
-/// [`idmapped_clone`] of the mount at `path` and every mount below it.
-pub fn idmapped_clone_tree(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, Some(userns), true)
-}
-
-/// A detached copy of the mount at `path` with its ids as they are on disk (a directory the
-/// sandbox's subordinate ids own, see `owners.rs`).
-pub fn plain_clone(path: &Path) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, None, false)
-}
-
-fn clone_with_idmap(path: &Path, userns: Option<&OwnedFd>, recursive: bool) -> io::Result<OwnedFd> {
-    let at_recursive = if recursive { libc::AT_RECURSIVE } else { 0 } as libc::c_uint;
-    let context = |what: &str, e: io::Error| {
-        io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
-    };
-    let c_path = c_string(path)?;
-    // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call; open_tree
-    // only reads it and returns a new descriptor or -1.
-    let tree = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | at_recursive,
-        )
-    };
-    if tree < 0 {
-        return Err(context(
-            "cannot clone the mount of",
-            io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: open_tree returned a new descriptor that nothing else owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
-    let Some(userns) = userns else {
-        return Ok(tree);
-    };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    let empty = c"";
-    // SAFETY: `tree` is an open descriptor, `empty` a valid empty string, `attr` a properly
-    // laid out mount_attr whose size is passed; the kernel only reads them.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint | at_recursive,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(context("cannot idmap", io::Error::last_os_error()));
-    }
-    Ok(tree)
-}
-
-/// Attaches a detached mount (from [`idmapped_clone`]) at `target`, an existing directory
-/// or file of the caller's mount namespace.
-pub fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
-    let c_target = c_string(target)?;
-    let empty = c"";
-    // SAFETY: both strings are valid and NUL-terminated, `tree` is open; move_mount only
-    // reads its arguments.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            c_target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot attach a mount at {}: {e}", target.display()),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

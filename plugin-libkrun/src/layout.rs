@@ -11,6 +11,9 @@ pub const AGENT_GUEST_DIR: &str = "/.iii-agent";
 pub const AGENT_FILE: &str = "sandbox-agent";
 
 pub struct Layout {
+    /// The layer directory itself: a root runner reaches everything below through an
+    /// idmapped copy of it (`drop_root` in the runner's specification).
+    pub dir: PathBuf,
     /// Where the runner mounts the bounded filesystem holding `upper` and `work` (on the
     /// host it stays an empty directory): for a sandbox (ephemeral layer) a tmpfs of its
     /// `disk_mb`; for a worker VM with [`Layout::image`] that image. `None` for a worker VM's
@@ -46,6 +49,7 @@ impl Layout {
         let disk = (!persistent).then(|| layer_dir.join("disk"));
         let overlay_dir = disk.clone().unwrap_or_else(|| layer_dir.to_path_buf());
         Self {
+            dir: layer_dir.to_path_buf(),
             upper: overlay_dir.join("upper"),
             work: overlay_dir.join("work"),
             disk,

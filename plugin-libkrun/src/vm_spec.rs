@@ -105,6 +105,17 @@ pub fn build(
                 "read_only": true,
             }));
     }
+    // A root adapter's runner gives host root up before the VM starts, for the sandbox ids
+    // bwrap's root launcher gives its sandboxes (the adapter's subordinate range).
+    if nix::unistd::geteuid().is_root() {
+        let (uid, gid) = sandbox_core::subordinate::root_bases();
+        value["drop_root"] = json!({
+            "uid": uid,
+            "gid": gid,
+            "count": sandbox_core::subordinate::RANGE,
+            "layer": layout.dir,
+        });
+    }
     if spec.persistent_layer {
         value["nested_virt"] = tuning.nested_virt.into();
         value["virtiofs_shm_size_mib"] = tuning.virtiofs_shm_size_mib.into();

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 
+use crate::drop_root::{self, DropError};
 use crate::firmware::{self, FirmwareError};
 use crate::guest_mounts::{self, MountError};
 use crate::krun::{Context, KrunError};
@@ -32,6 +33,8 @@ pub enum LaunchError {
     ConsoleFd(i32, std::io::Error),
     #[error("the guest's network: {0}")]
     Egress(String),
+    #[error("a root runner gives host root up: {0}")]
+    DropRoot(#[from] DropError),
 }
 
 /// Checks that the inherited console descriptor is open, and marks one above stderr
@@ -225,11 +228,27 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     // The overlay first, then the extra mounts inside it; all of it is seen by this process
     // (and so by libkrun's virtio-fs server) only. An ordinary user's runner needs its own
     // user namespace for the network namespace too.
-    if spec.root_overlay.is_some() || !spec.mounts.is_empty() || spec.egress.is_some() {
+    // A root runner with `drop_root` then gives host root up (see `drop_root.rs`): from
+    // there on `spec` names the staged copies of its files.
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let dropping = spec
+        .drop_root
+        .as_ref()
+        .filter(|_| unsafe { libc::geteuid() } == 0);
+    if spec.root_overlay.is_some()
+        || !spec.mounts.is_empty()
+        || spec.egress.is_some()
+        || dropping.is_some()
+    {
         overlay::enter_private_namespace()?;
     }
+    let staged = match dropping {
+        Some(ids) => Some(drop_root::stage_and_drop(spec, ids)?),
+        None => None,
+    };
+    let spec = staged.as_ref().unwrap_or(spec);
     if let Some(root_overlay) = &spec.root_overlay {
-        overlay::mount(&spec.root, root_overlay)?;
+        overlay::mount(&spec.root, root_overlay, staged.is_some())?;
     }
     // The guest's own disk: one VM at a time on it (an earlier runner may still be dying).
     let _disk_lock = match spec
@@ -271,7 +290,8 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     // to those ids, so pasta never runs as root; an ordinary user's runner owns its own.
     if let (Some(setup), Some(pasta)) = (&spec.egress, pasta) {
         let log = "/proc/self/fd/2";
-        match setup.run_as {
+        // A runner that gave root up is in a user namespace its pasta ids own already.
+        match setup.run_as.filter(|_| staged.is_none()) {
             Some(owner) => egress::netns::connect_owned_by(pasta, setup, log, owner),
             None => egress::netns::connect(pasta, setup, log),
         }

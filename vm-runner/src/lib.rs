@@ -14,6 +14,7 @@
 //! | [`launch`] | configure libkrun from a specification and boot |
 //! | `overlay` | the optional writable root (overlay in a private mount namespace) |
 //! | `guest_mounts` | the extra mounts (binds, tmpfs, symlinks) made inside the root |
+//! | `drop_root` | a root runner becomes root of a user namespace of unprivileged ids before the VM starts |
 //! | `krun`, `firmware`, `overlay`, `guest_mounts` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
 //!
 //! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
@@ -53,6 +54,7 @@
 //! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
 //! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
 
+mod drop_root;
 pub mod exit;
 mod firmware;
 mod guest_mounts;

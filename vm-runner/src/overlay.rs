@@ -101,8 +101,9 @@ fn in_own_user_namespace() -> bool {
         .unwrap_or(false)
 }
 
-/// Mounts `overlay` at `root`; call [`enter_private_namespace`] first.
-pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
+/// Mounts `overlay` at `root`; call [`enter_private_namespace`] first. `image_mounted`: a
+/// root runner that gave root up mounted the layer's image before (`drop_root.rs`).
+pub fn mount(root: &Path, overlay: &RootOverlay, image_mounted: bool) -> Result<(), OverlayError> {
     // The bound of the guest's writes (ENOSPC past it): a tmpfs holding upper and work,
     // mountable by an ordinary user's runner in its own user namespace; on the host the
     // directory stays empty.
@@ -114,7 +115,7 @@ pub fn mount(root: &Path, overlay: &RootOverlay) -> Result<(), OverlayError> {
     }
     // A persistent layer's bound: its ext4 image, through a loop device (host root only),
     // mounted nosuid and nodev like the tmpfs; `upper` and `work` are kept from earlier boots.
-    if let (Some(image), Some(dir)) = (&overlay.image, overlay.disk_dir()) {
+    if let (Some(image), Some(dir), false) = (&overlay.image, overlay.disk_dir(), image_mounted) {
         if in_own_user_namespace() {
             return Err(OverlayError::ImageNeedsRoot);
         }

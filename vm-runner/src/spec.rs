@@ -216,6 +216,24 @@ pub struct VmSpec {
     /// starts ours, so the workload and all it starts inherit it; absent: the kernel's.
     #[serde(default)]
     pub nofile_limit: Option<u64>,
+    /// For a runner started by host root: the unprivileged host ids it becomes before the VM
+    /// starts, and the layer directory every path of the VM's there is reached through (see
+    /// `drop_root.rs`). Ignored by a runner that is not host root (it never had root to drop).
+    #[serde(default)]
+    pub drop_root: Option<DropRoot>,
+}
+
+/// The ids a root runner gives host root up for: it becomes root of a user namespace whose
+/// ids `0..count` are host uids `uid..uid+count` and gids `gid..gid+count`, and serves the
+/// image and `layer` (a directory holding every other path of the spec it needs but bind
+/// sources) through idmapped mounts of that map.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DropRoot {
+    pub uid: u32,
+    pub gid: u32,
+    pub count: u32,
+    pub layer: PathBuf,
 }
 
 /// Why a specification was refused.
@@ -277,6 +295,13 @@ pub enum SpecError {
     BadImage(PathBuf),
     #[error("layer-dir {0:?}: needs a root_overlay with size_mib or image, and a plain name other than upper and work")]
     BadLayerDir(String),
+    #[error("drop_root: ids {uid}/{gid} and count {count} must be above 0 and fit in 32 bits, and layer {layer:?} an existing absolute directory")]
+    BadDropRoot {
+        uid: u32,
+        gid: u32,
+        count: u32,
+        layer: PathBuf,
+    },
     #[error("root_overlay guest_disk {0} must be an absolute path to a regular file (not a link), given with size_mib and without image")]
     BadGuestDisk(PathBuf),
 }
@@ -391,6 +416,22 @@ impl VmSpec {
             host_absolute("console_log", log)?;
             if !log.parent().is_some_and(Path::is_dir) {
                 return Err(SpecError::BadConsoleLog(log.clone()));
+            }
+        }
+        if let Some(drop) = &self.drop_root {
+            let fits = |base: u32| base > 0 && base.checked_add(drop.count).is_some();
+            let usable = fits(drop.uid)
+                && fits(drop.gid)
+                && drop.count > 0
+                && drop.layer.is_absolute()
+                && drop.layer.is_dir();
+            if !usable {
+                return Err(SpecError::BadDropRoot {
+                    uid: drop.uid,
+                    gid: drop.gid,
+                    count: drop.count,
+                    layer: drop.layer.clone(),
+                });
             }
         }
         Ok(())

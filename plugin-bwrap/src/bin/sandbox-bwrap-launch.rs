@@ -230,9 +230,9 @@ fn stage_idmapped(
 ) -> std::io::Result<(LaunchCommand, Vec<String>)> {
     let mut args = parse_args(&command.args);
     // Clones first: the stage covers /tmp, where the originals may live.
-    let lower = userns::idmapped_clone(Path::new(&command.lower), userns)?;
+    let lower = idmap_mount::idmapped_clone(Path::new(&command.lower), userns)?;
     // Recursive: the layer's disk image is mounted in it.
-    let layer = userns::idmapped_clone_tree(Path::new(&command.layer), userns)?;
+    let layer = idmap_mount::idmapped_clone_tree(Path::new(&command.layer), userns)?;
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
@@ -249,9 +249,9 @@ fn stage_idmapped(
                 // A writable bind (a worker's `/state`) belongs to the sandbox's ids on disk
                 // already: shown as it is, so the guest's files stay in its range there.
                 let tree = if flag == "--bind" {
-                    userns::plain_clone(Path::new(source))?
+                    idmap_mount::plain_clone(Path::new(source))?
                 } else {
-                    userns::idmapped_clone(Path::new(source), userns)?
+                    idmap_mount::idmapped_clone(Path::new(source), userns)?
                 };
                 binds.push(Some((tree, is_dir)));
             }
@@ -274,7 +274,7 @@ fn stage_idmapped(
         } else {
             File::create(&target)?;
         }
-        userns::attach(tree, &target)?;
+        idmap_mount::attach(tree, &target)?;
         Ok(target.display().to_string())
     };
     let lower = place(&lower, "lower", true)?;
