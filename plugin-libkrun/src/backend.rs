@@ -292,8 +292,23 @@ impl Backend for LibkrunBackend {
             "the runner's namespace",
         );
         network["worker_vms"] = "the same egress policy as a sandbox with network (TSI in the runner's own network namespace), and the bus: the engine's one port, forwarded by pasta from that namespace's loopback (or allowed, for an engine on another host)".into();
+        let runner = if nix::unistd::geteuid().is_root() {
+            let (uid, gid) = sandbox_core::subordinate::root_bases();
+            format!(
+                "the VM runner (libkrun and its virtio-fs server) gives host root up before the VM \
+                 starts: root of a user namespace whose ids 0..{range} are host uids {uid}.. and \
+                 gids {gid}.., keeping only /dev/kvm's group; the image and the layer are shown \
+                 to it through idmapped mounts (a state directory on ext4, xfs or btrfs)",
+                range = sandbox_core::subordinate::RANGE
+            )
+        } else {
+            "the VM runner (libkrun and its virtio-fs server) is the adapter's user, root only \
+             of a user namespace of its own mapping that one uid"
+                .to_string()
+        };
         serde_json::json!({
             "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
+            "runner": runner,
             "network": network,
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",

@@ -14,7 +14,7 @@
 # Environment: LAB_TIMEOUT (s, whole run, default 900), LAB_MEM (MiB, 2048), LAB_SMP (2),
 # LAB_SCRATCH_DIR, LAB_ENV (names of extra variables passed to CMD), LAB_RETRIES (boots after a
 # guest that reset by itself, default 8), LAB_DEADLINE (epoch seconds no attempt outlasts),
-# LAB_VERBOSE=1 (kernel log), LAB_CPU (QEMU's -cpu, default max), LAB_APPEND (more kernel
+# LAB_VERBOSE=1 (kernel log), LAB_TMP_MB (size of the lab's ext4 /tmp, default 8192), LAB_CPU (QEMU's -cpu, default max), LAB_APPEND (more kernel
 # command line, e.g. module options as kvm_amd.npt=0; a later one wins).
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-libkrun/vm-lab (kernel, initramfs).
 # Needs: tests/vm-lab/install.sh. Exit codes besides CMD's: 97 bad usage or missing tool,
@@ -59,10 +59,10 @@ fi
 KVER=$(ls "$KDIR/lib/modules" | head -1)
 
 # --- 2. initramfs: static busybox, the module closure, our init ---------------------------
-# tun, nftables and veth: a microVM sandbox's egress (pasta, the policy) and the network
+# virtio_blk: the lab's /tmp, an ext4 disk (see 3.); tun, nftables and veth: a microVM sandbox's egress (pasta, the policy) and the network
 # test's own namespaces; loop and ext4: a root adapter's worker layers (ext4 images); the
 # host's modprobe cannot load the lab kernel's modules later.
-MODULES="virtio_pci 9pnet_virtio 9p kvm_amd vsock overlay loop ext4 tun veth dummy crc32c_generic nf_tables nft_chain_nat nft_redir nft_ct nft_reject_inet"
+MODULES="virtio_pci virtio_blk 9pnet_virtio 9p kvm_amd vsock overlay loop ext4 tun veth dummy crc32c_generic nf_tables nft_chain_nat nft_redir nft_ct nft_reject_inet"
 read -r -d '' GUEST_INIT <<'INIT' || true
 #!/bin/sh
 export PATH=/bin
@@ -78,7 +78,12 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /scratch
 R=/mnt/root
 mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose hostroot $R
 mount --rbind /dev $R/dev; mount -t proc proc $R/proc; mount -t sysfs sys $R/sys
-mount -t tmpfs tmpfs $R/tmp; mkdir -p $R/tmp/vm-lab $R/dev/shm $R/dev/pts
+# /tmp (where the tests keep the adapter's state) is ext4, as a host's state directory is: a
+# root adapter shows it to its sandboxes' ids through idmapped mounts, which this kernel's
+# tmpfs cannot carry (6.3 can).
+if [ -b /dev/vda ]; then mount -t ext4 /dev/vda $R/tmp; else
+  echo "vm-lab guest: no /tmp disk, /tmp is a tmpfs (a root adapter cannot idmap it)"; mount -t tmpfs tmpfs $R/tmp; fi
+chmod 1777 $R/tmp; mkdir -p $R/tmp/vm-lab $R/dev/shm $R/dev/pts
 # The host's /run describes the host's processes; the lab's is its own (ip netns writes there).
 mount -t tmpfs tmpfs $R/run
 mount --bind /scratch $R/tmp/vm-lab; mount -t tmpfs tmpfs $R/dev/shm
@@ -119,8 +124,11 @@ fi
 # --- 3. the command, written where the guest finds it -------------------------------------
 if [ -n "${LAB_SCRATCH_DIR:-}" ]; then SCRATCH=$LAB_SCRATCH_DIR; mkdir -p "$SCRATCH"; KEEP=1
 else SCRATCH=$(mktemp -d); KEEP=; fi
-cleanup() { [ -n "$KEEP" ] || rm -rf "$SCRATCH"; }
+# The lab's /tmp: a sparse ext4 image made afresh for each boot (LAB_TMP_MB, default 8192).
+TMP_DISK=$(mktemp "${TMPDIR:-/tmp}/vm-lab-tmp.XXXXXX")
+cleanup() { rm -f "$TMP_DISK"; [ -n "$KEEP" ] || rm -rf "$SCRATCH"; }
 trap cleanup EXIT
+MKFS=$(command -v mkfs.ext4 || echo /usr/sbin/mkfs.ext4)
 rm -f "$SCRATCH/rc"
 {
   echo "cd $(printf '%q' "$PWD") 2>/dev/null || cd /"
@@ -159,6 +167,8 @@ for attempt in $(seq 1 "$attempts"); do
     [ "$left" -lt "$limit" ] && { limit=$left; log "LAB_DEADLINE: this attempt ends within ${left}s"; }
   fi
   echo $(( limit > 60 ? limit - 20 : limit )) > "$SCRATCH/timeout"
+  rm -f "$TMP_DISK"; truncate -s "${LAB_TMP_MB:-8192}M" "$TMP_DISK"
+  "$MKFS" -q -F -O ^has_journal "$TMP_DISK"
   log "booting $KVER under TCG (-cpu $CPU, smp $LAB_SMP, ${LAB_MEM} MiB), attempt $attempt/$attempts"
   set +e
   timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu "$CPU" \
@@ -166,6 +176,7 @@ for attempt in $(seq 1 "$attempts"); do
     -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot \
     -virtfs local,path="$SCRATCH",mount_tag=scratch,security_model=none,id=scratch \
+    -drive file="$TMP_DISK",format=raw,if=virtio,cache=unsafe,discard=unmap \
     </dev/null 2>&1 | sed -u -e 's/\r$//' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' \
     -e '/^SeaBIOS (version/d' -e '/^Booting from ROM\.*$/d' -e 's/^Booting from ROM\.*//' \
     | grep --line-buffered -v -E 'Unhandled WRMSR|reboot: Power down'

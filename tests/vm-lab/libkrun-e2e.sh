@@ -107,6 +107,10 @@ touch /tmp/vm-lab/attempted
 # their own veths; the measure's creates with network reach nothing).
 ip link add lab0 type dummy && ip addr add 203.0.113.1/24 dev lab0 && ip link set lab0 up \
   && ip route add default via 203.0.113.254 dev lab0 || echo "[lab] could not make the stand-in uplink lab0"
+# /dev/kvm as Debian's udev rule leaves it (root:kvm 0660; there is no udev here): a root
+# adapter's runner gives host root up and keeps only that group (vm-runner's drop_root.rs).
+kvm_gid=\$(getent group kvm | cut -d: -f3)
+chgrp "\${kvm_gid:-36}" /dev/kvm && chmod 0660 /dev/kvm
 skip=""
 if [ "$mode" = test ] && [ "${LAB_WORKER_ROUNDS:-0}" != 1 ]; then
   # The worker-VM rounds run once per lab run, as the ordinary user below (how Compose runs

@@ -70,10 +70,8 @@ pub fn stage_and_drop(spec: &VmSpec, ids: &DropRoot) -> Result<VmSpec, DropError
     .map_err(DropError::Namespace)?;
     mount_layer_image(spec)?;
     let staged = stage(spec, ids, &userns)?;
-    if let Some(fd) = spec.console_fd.filter(|fd| *fd > 2) {
-        // libkrun reopens the console by /proc/self/fd/N, which checks the pipe's owner.
-        nix::unistd::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-            .map_err(|e| DropError::Console(e.into()))?;
+    if let Some(fd) = spec.console_fd {
+        hand_over_console(fd, uid, gid)?;
     }
     let kvm_group = kvm_group()?;
     enter(&userns, kvm_group)?;
@@ -85,6 +83,18 @@ pub fn stage_and_drop(spec: &VmSpec, ids: &DropRoot) -> Result<VmSpec, DropError
         .open("/dev/kvm")
         .map_err(|e| DropError::Kvm(format!("opening it as the runner's ids: {e}")))?;
     Ok(staged)
+}
+
+/// libkrun reopens the console by `/proc/self/fd/N`, which checks the owner of what it
+/// names: a pipe (what the adapter gives) becomes the runner ids'. Anything else (a terminal,
+/// a file of whoever started the runner by hand) is left as it is.
+fn hand_over_console(fd: i32, uid: u32, gid: u32) -> Result<(), DropError> {
+    let stat = nix::sys::stat::fstat(fd).map_err(|e| DropError::Console(e.into()))?;
+    if stat.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return Ok(());
+    }
+    nix::unistd::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+        .map_err(|e| DropError::Console(e.into()))
 }
 
 /// A persistent layer's image is attached by host root, before the layer is cloned with it
@@ -270,7 +280,15 @@ mod tests {
         })
         .map_err(|e| e.to_string())?;
         let staged = stage(spec, &ids, &userns).map_err(|e| e.to_string())?;
+        // The console: a pipe of host root's, reopened by libkrun through /proc/self/fd.
+        let (_console_read, console) = std::io::pipe().map_err(|e| e.to_string())?;
+        let console_fd = std::os::fd::AsRawFd::as_raw_fd(&console);
+        hand_over_console(console_fd, BASE, BASE).map_err(|e| e.to_string())?;
         enter(&userns, None).map_err(|e| e.to_string())?;
+        File::options()
+            .write(true)
+            .open(format!("/proc/self/fd/{console_fd}"))
+            .map_err(|e| format!("reopening the console: {e}"))?;
         let overlay_spec = staged.root_overlay.as_ref().unwrap();
         overlay::mount(&staged.root, overlay_spec, false).map_err(|e| e.to_string())?;
         let disk = overlay_spec.disk_dir().unwrap();

@@ -760,6 +760,7 @@ async fn microvms_cannot_escape_to_the_host() {
         boot_id.trim()
     ]);
     let id = create(&stack, "python", json!({})).await;
+    assert_runners_not_host_root();
     let answer = exec_ok(&stack, &id, json!({"argv": argv, "timeout_ms": 120000})).await;
     let output = stdout(&answer).to_string();
     println!("{output}");
@@ -800,6 +801,39 @@ async fn microvms_cannot_escape_to_the_host() {
     canary.assert_untouched();
     core_pattern.assert_untouched();
     assert_only_entries(&compose, &["main.txt"]);
+}
+
+/// Every VM runner on the host (libkrun's virtio-fs server runs in it) holds no host root,
+/// whoever started the adapter: a root adapter's runner gives it up before the VM starts
+/// (vm-runner's `drop_root.rs`), an ordinary user's never had it.
+fn assert_runners_not_host_root() {
+    let mut runners = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let exe = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+        if !exe.to_string_lossy().ends_with("/sandbox-libkrun-vm") {
+            continue;
+        }
+        let (Ok(status), Ok(map)) = (
+            std::fs::read_to_string(entry.path().join("status")),
+            std::fs::read_to_string(entry.path().join("uid_map")),
+        ) else {
+            continue; // it ended meanwhile
+        };
+        let ids = |key: &str| -> Vec<String> {
+            let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_default();
+            line.split_whitespace().skip(1).map(str::to_string).collect()
+        };
+        let (uids, gids) = (ids("Uid:"), ids("Gid:"));
+        assert!(
+            !uids.is_empty() && !uids.iter().chain(&gids).any(|id| id == "0"),
+            "a VM runner holds host id 0: uids {uids:?}, gids {gids:?}"
+        );
+        let outside = map.split_whitespace().nth(1).unwrap_or_default().to_string();
+        assert_ne!(outside, "0", "a VM runner's namespace maps host root: {map}");
+        runners += 1;
+    }
+    assert!(runners > 0, "no VM runner was found to check");
+    println!("{runners} VM runner(s) checked: none holds a host id 0");
 }
 
 /// Timings in ms of one measured step.
