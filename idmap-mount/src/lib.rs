@@ -192,3 +192,61 @@ fn become_owner(uid: u32, gid: u32) -> nix::Result<()> {
     setresgid(gid, gid, gid)?;
     setresuid(uid, uid, uid)
 }
+
+/// A tmpfs (mode 0755, nosuid, nodev) where a root process gathers idmapped copies for an
+/// unprivileged user namespace to reach: mounted over `dir` in the caller's private mount
+/// namespace, it covers what is there (clone first), and its own mode lets those ids through
+/// where the originals' parents (`/root`, a 0700 state directory) would stop them.
+pub struct Stage {
+    dir: std::path::PathBuf,
+}
+
+impl Stage {
+    pub fn mount(dir: &Path) -> io::Result<Stage> {
+        use nix::mount::{mount, MsFlags};
+        mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        )
+        .map_err(|e| io::Error::other(format!("cannot mount the stage {}: {e}", dir.display())))?;
+        Ok(Stage {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Attaches `tree` (a directory's copy when `is_dir`, else a file's) as `name` on the stage.
+    pub fn place(
+        &self,
+        tree: &OwnedFd,
+        name: &str,
+        is_dir: bool,
+    ) -> io::Result<std::path::PathBuf> {
+        let target = self.dir.join(name);
+        if is_dir {
+            std::fs::create_dir(&target)?;
+        } else {
+            File::create(&target)?;
+        }
+        attach(tree, &target)?;
+        Ok(target)
+    }
+}
+
+/// Moves the caller into a mount namespace of its own (owned by its user namespace, where it
+/// may mount) from which nothing propagates back. Call only while single-threaded.
+pub fn private_mount_namespace() -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    unshare(CloneFlags::CLONE_NEWNS)
+        .map_err(|e| io::Error::other(format!("cannot unshare the mount namespace: {e}")))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| io::Error::other(format!("cannot make the mount namespace private: {e}")))
+}

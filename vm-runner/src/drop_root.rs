@@ -22,8 +22,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, MsFlags};
-use nix::sched::{setns, unshare, CloneFlags};
+use nix::sched::{setns, CloneFlags};
 use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
 
 use crate::spec::{DropRoot, GuestMount, VmSpec};
@@ -178,21 +177,11 @@ fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, Drop
     if let Some(log) = &mut staged.console_log {
         *log = in_layer(log).ok_or_else(|| not_in_layer(log))?;
     }
-    mount(
-        Some("tmpfs"),
-        STAGE,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755"),
-    )
-    .map_err(|e| stage_error("the stage")(e.into()))?;
+    let on_stage = idmap_mount::Stage::mount(stage).map_err(stage_error("the stage"))?;
     for (tree, target, is_dir) in &clones {
-        let made = if *is_dir {
-            std::fs::create_dir(target)
-        } else {
-            File::create(target).map(drop)
-        };
-        made.and_then(|()| idmap_mount::attach(tree, target))
+        let name = target.file_name().unwrap_or_default().to_string_lossy();
+        on_stage
+            .place(tree, &name, *is_dir)
             .map_err(stage_error(target.display()))?;
     }
     Ok(staged)
@@ -230,16 +219,7 @@ fn enter(userns: &OwnedFd, kvm_group: Option<Gid>) -> Result<(), DropError> {
     let (root_uid, root_gid) = (Uid::from_raw(0), Gid::from_raw(0));
     setresgid(root_gid, root_gid, root_gid).map_err(|e| fail("setresgid", e))?;
     setresuid(root_uid, root_uid, root_uid).map_err(|e| fail("setresuid", e))?;
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| fail("unshare", e))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| fail("private mounts", e))?;
-    Ok(())
+    idmap_mount::private_mount_namespace().map_err(|e| DropError::Enter(e.to_string()))
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use nix::mount::{mount, MsFlags};
-use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::unistd::{dup2, getppid, Pid};
 use plugin_bwrap::fuse_disk;
@@ -130,17 +129,7 @@ fn prepare(args: Vec<String>) -> Result<Prepared, String> {
 }
 
 fn private_mount_namespace() -> Result<(), String> {
-    unshare(CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("cannot unshare the mount namespace: {e}"))?;
-    // Nothing mounted here may propagate back to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("cannot make the mount namespace private: {e}"))
+    idmap_mount::private_mount_namespace().map_err(|e| e.to_string())
 }
 
 /// Points stderr at the sandbox's log.
@@ -258,24 +247,9 @@ fn stage_idmapped(
             Arg::Plain(_) => {}
         }
     }
-    mount(
-        Some("tmpfs"),
-        STAGE,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755"),
-    )
-    .map_err(|e| std::io::Error::other(format!("cannot mount the launcher's stage: {e}")))?;
-    let stage = Path::new(STAGE);
+    let stage = idmap_mount::Stage::mount(Path::new(STAGE))?;
     let place = |tree: &OwnedFd, name: &str, is_dir: bool| -> std::io::Result<String> {
-        let target = stage.join(name);
-        if is_dir {
-            std::fs::create_dir(&target)?;
-        } else {
-            File::create(&target)?;
-        }
-        idmap_mount::attach(tree, &target)?;
-        Ok(target.display().to_string())
+        Ok(stage.place(tree, name, is_dir)?.display().to_string())
     };
     let lower = place(&lower, "lower", true)?;
     let layer = place(&layer, "layer", true)?;

@@ -820,16 +820,29 @@ fn assert_runners_not_host_root() {
             continue; // it ended meanwhile
         };
         let ids = |key: &str| -> Vec<String> {
-            let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_default();
-            line.split_whitespace().skip(1).map(str::to_string).collect()
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .unwrap_or_default();
+            line.split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect()
         };
         let (uids, gids) = (ids("Uid:"), ids("Gid:"));
         assert!(
             !uids.is_empty() && !uids.iter().chain(&gids).any(|id| id == "0"),
             "a VM runner holds host id 0: uids {uids:?}, gids {gids:?}"
         );
-        let outside = map.split_whitespace().nth(1).unwrap_or_default().to_string();
-        assert_ne!(outside, "0", "a VM runner's namespace maps host root: {map}");
+        let outside = map
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        assert_ne!(
+            outside, "0",
+            "a VM runner's namespace maps host root: {map}"
+        );
         runners += 1;
     }
     assert!(runners > 0, "no VM runner was found to check");
