@@ -368,10 +368,14 @@ impl Registry {
         self.state().live.contains_key(&id)
     }
 
-    /// Sandboxes that ended by themselves and are still listed, oldest first.
-    pub fn dead(&self) -> Vec<Dead> {
+    /// The live sandboxes and those that ended by themselves and are still listed, each
+    /// oldest first, read at one instant: a sandbox whose agent dies meanwhile is in one list,
+    /// never in both or neither.
+    pub fn listing(&self) -> (Vec<Arc<Sandbox>>, Vec<Dead>) {
         let now = Instant::now();
         let state = self.state();
+        let mut live: Vec<_> = state.live.values().cloned().collect();
+        live.sort_by_key(|s| s.created);
         let mut dead: Vec<Dead> = state
             .stopped
             .values()
@@ -380,13 +384,11 @@ impl Registry {
             .map(|(dead, _)| dead.clone())
             .collect();
         dead.sort_by_key(|d| d.created);
-        dead
+        (live, dead)
     }
 
     pub fn live(&self) -> Vec<Arc<Sandbox>> {
-        let mut sandboxes: Vec<_> = self.state().live.values().cloned().collect();
-        sandboxes.sort_by_key(|s| s.created);
-        sandboxes
+        self.listing().0
     }
 
     pub fn occupancy(&self) -> Occupancy {

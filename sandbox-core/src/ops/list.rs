@@ -13,9 +13,8 @@ use crate::plugin::SandboxPlugin;
 
 pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
     let now = SystemTime::now();
-    let sandboxes: Vec<Value> = plugin
-        .registry
-        .live()
+    let (live, dead) = plugin.registry.listing();
+    let sandboxes: Vec<Value> = live
         .iter()
         .map(|s| {
             let in_flight = s.execs_in_flight();
@@ -30,7 +29,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "stopped": s.is_stopped(),
             })
         })
-        .chain(plugin.registry.dead().into_iter().map(|dead| {
+        .chain(dead.into_iter().map(|dead| {
             json!({
                 "sandbox_id": dead.id.to_string(),
                 "name": dead.name,
