@@ -40,9 +40,15 @@ pub struct LibkrunBackend {
     /// Worker VMs' persistent layers as ext4 images, with `mke2fs`; else plain directories,
     /// unbounded (see `worker_layers`).
     mke2fs: Option<PathBuf>,
-    /// The adapter is host root: its runner attaches the images to loop devices; else the
-    /// VM mounts its image as a virtio-blk disk.
-    root: bool,
+    /// The adapter is host root, with the subordinate ids (uid and gid base) its runners give
+    /// host root up for and its pasta runs as: its runner attaches the images to loop
+    /// devices; without it (an ordinary user) the VM mounts its image as a virtio-blk disk.
+    root_ids: Option<(u32, u32)>,
+}
+
+/// A root adapter's subordinate ids (`root`), read once.
+fn root_ids(root: bool) -> Option<(u32, u32)> {
+    root.then(sandbox_core::subordinate::root_bases)
 }
 
 impl LibkrunBackend {
@@ -59,7 +65,7 @@ impl LibkrunBackend {
             agent_wait: crate::agent_wait::from_env(),
             egress_tools: HostTools::find(),
             mke2fs: layer_disk::find_mke2fs(),
-            root: nix::unistd::geteuid().is_root(),
+            root_ids: root_ids(nix::unistd::geteuid().is_root()),
         }
     }
 
@@ -68,7 +74,10 @@ impl LibkrunBackend {
     /// virtio-blk disk.
     fn layout(&self, spec: &BootSpec) -> Layout {
         let layout = Layout::new(&spec.layer_dir, spec.persistent_layer);
-        match (spec.persistent_layer && self.mke2fs.is_some(), self.root) {
+        match (
+            spec.persistent_layer && self.mke2fs.is_some(),
+            self.root_ids.is_some(),
+        ) {
             (true, true) => layout.with_image(&spec.layer_dir),
             (true, false) => layout.with_guest_disk(&spec.layer_dir),
             (false, _) => layout,
@@ -77,7 +86,7 @@ impl LibkrunBackend {
 
     /// How worker VMs' persistent layers are bounded here, for `adapter::info`.
     fn worker_layer_disk(&self) -> &'static str {
-        match (self.mke2fs.is_some(), self.root) {
+        match (self.mke2fs.is_some(), self.root_ids.is_some()) {
             (true, true) => "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), which the VM runner mounts through a loop device in its own mount namespace: persistent, ENOSPC in the guest past it",
             (true, false) => "an ext4 image of default_disk_mb per worker VM (sparse, in its layer directory), the VM's virtio-blk disk, which its init mounts under an overlay of its own: persistent, ENOSPC in the guest past it",
             (false, _) => "NOT bounded: a worker's persistent layer is a plain directory of the state filesystem (mke2fs is missing); sandboxes are bounded",
@@ -104,7 +113,7 @@ impl LibkrunBackend {
     pub(crate) fn with_mke2fs(self, mke2fs: Option<PathBuf>, root: bool) -> Self {
         Self {
             mke2fs,
-            root,
+            root_ids: root_ids(root),
             ..self
         }
     }
@@ -137,7 +146,7 @@ impl LibkrunBackend {
         if egress.is_some() {
             std::fs::write(&layout.resolv_conf, resolv_conf()).map_err(BootError::Layer)?;
         }
-        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning, egress)?;
+        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning, egress, self.root_ids)?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
         let listener = UnixListener::bind(&layout.socket).map_err(|source| BootError::Listen {
@@ -292,8 +301,7 @@ impl Backend for LibkrunBackend {
             "the runner's namespace",
         );
         network["worker_vms"] = "the same egress policy as a sandbox with network (TSI in the runner's own network namespace), and the bus: the engine's one port, forwarded by pasta from that namespace's loopback (or allowed, for an engine on another host)".into();
-        let runner = if nix::unistd::geteuid().is_root() {
-            let (uid, gid) = sandbox_core::subordinate::root_bases();
+        let runner = if let Some((uid, gid)) = self.root_ids {
             format!(
                 "the VM runner (libkrun and its virtio-fs server) gives host root up before the VM \
                  starts: root of a user namespace whose ids 0..{range} are host uids {uid}.. and \
@@ -387,11 +395,8 @@ impl LibkrunBackend {
         // pasta never runs as host root: a root runner's network namespace belongs to the
         // adapter's subordinate ids, which pasta runs as; an ordinary user's runner owns its
         // own namespaces, and pasta keeps that user's ids.
-        let run_as = nix::unistd::geteuid()
-            .is_root()
-            .then(sandbox_core::subordinate::root_bases);
         self.egress_tools
-            .setup(&spec.egress, run_as)
+            .setup(&spec.egress, self.root_ids)
             .map(Some)
             .map_err(SandboxError::BootFailed)
     }

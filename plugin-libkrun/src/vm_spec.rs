@@ -33,12 +33,14 @@ pub enum VmSpecError {
 
 /// Builds and validates (as the runner will) the specification. Memory below what the guest
 /// kernel needs is raised to that minimum. A worker VM's spec (its layer persists: only
-/// `worker::*` boots ask for that) carries `tuning`; a sandbox's never does.
+/// `worker::*` boots ask for that) carries `tuning`; a sandbox's never does. `drop_root`: a
+/// root adapter's subordinate uid and gid base, for which its runner gives host root up.
 pub fn build(
     spec: &BootSpec,
     layout: &Layout,
     tuning: &VmTuning,
     egress: Option<&NetworkSetup>,
+    drop_root: Option<(u32, u32)>,
 ) -> Result<(Value, VmSpec), VmSpecError> {
     let vcpus = u8::try_from(spec.cpus)
         .ok()
@@ -107,8 +109,7 @@ pub fn build(
     }
     // A root adapter's runner gives host root up before the VM starts, for the sandbox ids
     // bwrap's root launcher gives its sandboxes (the adapter's subordinate range).
-    if nix::unistd::geteuid().is_root() {
-        let (uid, gid) = sandbox_core::subordinate::root_bases();
+    if let Some((uid, gid)) = drop_root {
         value["drop_root"] = json!({
             "uid": uid,
             "gid": gid,
@@ -233,10 +234,34 @@ mod tests {
     }
 
     #[test]
+    fn a_root_adapters_runner_is_told_which_ids_to_give_root_up_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, layout) = boot_spec(dir.path(), 1, 512);
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        assert_eq!(
+            vm.drop_root, None,
+            "an ordinary user's runner has no root to drop"
+        );
+        let base = 2_000_000_000;
+        let (_, vm) = build(
+            &spec,
+            &layout,
+            &VmTuning::default(),
+            None,
+            Some((base, base + 7)),
+        )
+        .unwrap();
+        let drop = vm.drop_root.expect("a root adapter's runner drops root");
+        assert_eq!((drop.uid, drop.gid), (base, base + 7));
+        assert_eq!(drop.count, sandbox_core::subordinate::RANGE);
+        assert_eq!(drop.layer, layout.dir);
+    }
+
+    #[test]
     fn spec_runs_the_agent_over_the_overlay_root_with_the_requested_resources() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 2, 1024);
-        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
         // Never TSI, even for a spec asking for network (the backend refuses that first).
         assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, false));
         assert_eq!(vm.root, layout.root);
@@ -260,13 +285,16 @@ mod tests {
         let (spec, layout) = boot_spec(dir.path(), 1, 16);
         let tuning = VmTuning::default();
         assert_eq!(
-            build(&spec, &layout, &tuning, None).unwrap().1.memory_mib,
+            build(&spec, &layout, &tuning, None, None)
+                .unwrap()
+                .1
+                .memory_mib,
             MIN_MEMORY_MIB
         );
         let (mut spec, layout) = (spec, layout);
         spec.cpus = 300;
         assert!(matches!(
-            build(&spec, &layout, &tuning, None),
+            build(&spec, &layout, &tuning, None, None),
             Err(VmSpecError::TooManyCpus(300))
         ));
     }
@@ -281,7 +309,7 @@ mod tests {
         spec.persistent_layer = true;
         let layout = Layout::new(&spec.layer_dir, true);
         layout.prepare(&spec.agent_path).unwrap();
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
         assert!(!vm.network, "no TSI without the egress policy: {value}");
         let overlay = vm.root_overlay.as_ref().unwrap();
         assert_eq!(
@@ -307,7 +335,7 @@ mod tests {
             &host_addrs,
             None,
         );
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), Some(&setup)).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), Some(&setup), None).unwrap();
         assert!(vm.network, "TSI: {value}");
         assert_eq!(vm.egress.as_ref(), Some(&setup), "{value}");
         assert!(
@@ -331,7 +359,7 @@ mod tests {
             "{value}"
         );
 
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
         assert!(
             !vm.network && vm.egress.is_none(),
             "no TSI without: {value}"
@@ -344,7 +372,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut spec, layout) = boot_spec(dir.path(), 2, 1024);
         spec.persistent_layer = true;
-        let (value, vm) = build(&spec, &layout, &tuned(), None).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None, None).unwrap();
         assert!(vm.nested_virt);
         assert_eq!(vm.virtiofs_shm_size_mib, 256);
         assert_eq!(vm.nofile_limit, Some(4096));
@@ -364,7 +392,7 @@ mod tests {
             nofile_limit: None,
             ..VmTuning::default()
         };
-        let (_, vm) = build(&spec, &layout, &quiet, None).unwrap();
+        let (_, vm) = build(&spec, &layout, &quiet, None, None).unwrap();
         assert_eq!(vm.nofile_limit, None);
         assert!(!krun_calls(&vm)
             .iter()
@@ -376,7 +404,7 @@ mod tests {
         use vm_runner::launch::{krun_calls, KrunCall};
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 1, 512);
-        let (value, vm) = build(&spec, &layout, &tuned(), None).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None, None).unwrap();
         for field in ["nested_virt", "virtiofs_shm_size_mib", "nofile_limit"] {
             assert!(value.get(field).is_none(), "{field}: {value}");
         }
@@ -413,7 +441,7 @@ mod tests {
             },
         ];
         spec.persistent_layer = true;
-        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
         assert_eq!(
             vm.mounts,
             vec![
@@ -453,7 +481,7 @@ mod tests {
             guest: "/state".into(),
         }];
         let runner_mounts = |layout: &Layout| {
-            build(&spec, layout, &VmTuning::default(), None)
+            build(&spec, layout, &VmTuning::default(), None, None)
                 .unwrap()
                 .1
                 .mounts
@@ -488,7 +516,7 @@ mod tests {
             read_only: false,
         }];
         assert!(matches!(
-            build(&spec, &layout, &VmTuning::default(), None),
+            build(&spec, &layout, &VmTuning::default(), None, None),
             Err(VmSpecError::Invalid(SpecError::BadMountPath { .. }))
         ));
     }

@@ -37,8 +37,8 @@ pub enum DropError {
     Namespace(io::Error),
     #[error("cannot show {what} to the runner's ids: {source}")]
     Stage { what: String, source: io::Error },
-    #[error("the layer's image: {0}")]
-    Image(io::Error),
+    #[error(transparent)]
+    Image(#[from] crate::overlay::OverlayError),
     #[error(
         "/dev/kvm: a root adapter's runner gives host root up and then needs /dev/kvm through \
          its group (Debian's udev: root:kvm 0660); {0}"
@@ -59,18 +59,15 @@ fn stage_error(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> DropEr
 /// returns `spec` with every host path rewritten to its staged copy. The caller is host root,
 /// single-threaded, in a private mount namespace of its own.
 pub fn stage_and_drop(spec: &VmSpec, ids: &DropRoot) -> Result<VmSpec, DropError> {
-    let (uid, gid, count) = (ids.uid, ids.gid, ids.count);
-    let userns = idmap_mount::new_user_namespace(Some((uid, gid)), |pid| {
-        for (file, base) in [("uid_map", uid), ("gid_map", gid)] {
-            std::fs::write(format!("/proc/{pid}/{file}"), format!("0 {base} {count}\n"))?;
-        }
-        Ok(())
-    })
-    .map_err(DropError::Namespace)?;
-    mount_layer_image(spec)?;
+    let userns = range_namespace(ids)?;
+    // A persistent layer's image is attached before the layer is cloned with it inside; what
+    // it holds is owned on disk by the ids the guest sees (0: its root), through the idmap.
+    if let Some(overlay) = &spec.root_overlay {
+        crate::overlay::mount_image(overlay)?;
+    }
     let staged = stage(spec, ids, &userns)?;
     if let Some(fd) = spec.console_fd {
-        hand_over_console(fd, uid, gid)?;
+        hand_over_console(fd, ids.uid, ids.gid)?;
     }
     let kvm_group = kvm_group()?;
     enter(&userns, kvm_group)?;
@@ -82,6 +79,19 @@ pub fn stage_and_drop(spec: &VmSpec, ids: &DropRoot) -> Result<VmSpec, DropError
         .open("/dev/kvm")
         .map_err(|e| DropError::Kvm(format!("opening it as the runner's ids: {e}")))?;
     Ok(staged)
+}
+
+/// A user namespace whose ids `0..count` are `ids`' host ranges, owned by its first uid (so
+/// pasta, running as it, may join); its maps are written from here, as host root.
+fn range_namespace(ids: &DropRoot) -> Result<OwnedFd, DropError> {
+    idmap_mount::new_user_namespace(Some((ids.uid, ids.gid)), |pid| {
+        for (file, base) in [("uid_map", ids.uid), ("gid_map", ids.gid)] {
+            let map = format!("0 {base} {}\n", ids.count);
+            std::fs::write(format!("/proc/{pid}/{file}"), map)?;
+        }
+        Ok(())
+    })
+    .map_err(DropError::Namespace)
 }
 
 /// libkrun reopens the console by `/proc/self/fd/N`, which checks the owner of what it
@@ -96,38 +106,18 @@ fn hand_over_console(fd: i32, uid: u32, gid: u32) -> Result<(), DropError> {
         .map_err(|e| DropError::Console(e.into()))
 }
 
-/// A persistent layer's image is attached by host root, before the layer is cloned with it
-/// inside; `upper` and `work` are made there on the first boot (owned on disk by 0: the
-/// guest's root, through the idmap).
-fn mount_layer_image(spec: &VmSpec) -> Result<(), DropError> {
-    let Some(overlay) = &spec.root_overlay else {
-        return Ok(());
-    };
-    let (Some(image), Some(dir)) = (&overlay.image, overlay.disk_dir()) else {
-        return Ok(());
-    };
-    layer_disk::mount_image(image, dir, libc::MS_NOSUID | libc::MS_NODEV)
-        .map_err(DropError::Image)?;
-    for made in [&overlay.upper, &overlay.work] {
-        match std::fs::create_dir(made) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(DropError::Image(e)),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// Clones what the VM uses through the runner's id map, attaches the clones on the stage and
 /// returns the spec naming them.
 fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, DropError> {
     let stage = Path::new(STAGE);
     let mut staged = spec.clone();
-    let mut clones: Vec<(OwnedFd, PathBuf, bool)> = Vec::new();
+    // (copy, its name on the stage, whether a directory)
+    let mut clones: Vec<(OwnedFd, String, bool)> = Vec::new();
     // Clones first: the stage covers /tmp, where the originals may live.
     let layer = idmap_mount::idmapped_clone_tree(&ids.layer, userns).map_err(stage_error(
         format_args!("the layer {}", ids.layer.display()),
     ))?;
-    clones.push((layer, stage.join("layer"), true));
+    clones.push((layer, "layer".into(), true));
     let in_layer = |path: &Path| -> Option<PathBuf> {
         let relative = path.strip_prefix(&ids.layer).ok()?;
         Some(stage.join("layer").join(relative))
@@ -145,8 +135,9 @@ fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, Drop
             .map_err(stage_error(what()))?
             .is_dir();
         let tree = idmap_mount::idmapped_clone(path, userns).map_err(stage_error(what()))?;
-        let target = stage.join(format!("bind-{}", clones.len()));
-        clones.push((tree, target.clone(), is_dir));
+        let name = format!("bind-{}", clones.len());
+        let target = stage.join(&name);
+        clones.push((tree, name, is_dir));
         Ok(target)
     };
     if let Some(overlay) = &mut staged.root_overlay {
@@ -178,11 +169,10 @@ fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, Drop
         *log = in_layer(log).ok_or_else(|| not_in_layer(log))?;
     }
     let on_stage = idmap_mount::Stage::mount(stage).map_err(stage_error("the stage"))?;
-    for (tree, target, is_dir) in &clones {
-        let name = target.file_name().unwrap_or_default().to_string_lossy();
+    for (tree, name, is_dir) in &clones {
         on_stage
-            .place(tree, &name, *is_dir)
-            .map_err(stage_error(target.display()))?;
+            .place(tree, name, *is_dir)
+            .map_err(stage_error(stage.join(name).display()))?;
     }
     Ok(staged)
 }
@@ -252,13 +242,7 @@ mod tests {
     fn as_dropped_runner(spec: &VmSpec) -> Result<(), String> {
         let ids = spec.drop_root.clone().unwrap();
         overlay::enter_private_namespace().map_err(|e| e.to_string())?;
-        let userns = idmap_mount::new_user_namespace(Some((ids.uid, ids.gid)), |pid| {
-            for file in ["uid_map", "gid_map"] {
-                std::fs::write(format!("/proc/{pid}/{file}"), format!("0 {BASE} 65536\n"))?;
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
+        let userns = range_namespace(&ids).map_err(|e| e.to_string())?;
         let staged = stage(spec, &ids, &userns).map_err(|e| e.to_string())?;
         // The console: a pipe of host root's, reopened by libkrun through /proc/self/fd.
         let (_console_read, console) = std::io::pipe().map_err(|e| e.to_string())?;

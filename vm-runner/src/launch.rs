@@ -230,11 +230,10 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     // user namespace for the network namespace too.
     // A root runner with `drop_root` then gives host root up (see `drop_root.rs`): from
     // there on `spec` names the staged copies of its files.
-    // SAFETY: geteuid takes nothing and cannot fail.
     let dropping = spec
         .drop_root
         .as_ref()
-        .filter(|_| unsafe { libc::geteuid() } == 0);
+        .filter(|_| nix::unistd::geteuid().is_root());
     if spec.root_overlay.is_some()
         || !spec.mounts.is_empty()
         || spec.egress.is_some()

@@ -101,6 +101,26 @@ fn in_own_user_namespace() -> bool {
         .unwrap_or(false)
 }
 
+/// A persistent layer's `image` (if any) mounted on its disk directory as host root, through
+/// a loop device, nosuid and nodev like the tmpfs; `upper` and `work` made there on its first
+/// boot, kept from earlier ones.
+pub(crate) fn mount_image(overlay: &RootOverlay) -> Result<(), OverlayError> {
+    let (Some(image), Some(dir)) = (&overlay.image, overlay.disk_dir()) else {
+        return Ok(());
+    };
+    layer_disk::mount_image(image, dir, libc::MS_NOSUID | libc::MS_NODEV)
+        .map_err(OverlayError::Image)?;
+    for made in [&overlay.upper, &overlay.work] {
+        match std::fs::create_dir(made) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(guest_mounts::io_error("make", made, e).into())
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Mounts `overlay` at `root`; call [`enter_private_namespace`] first. `image_mounted`: a
 /// root runner that gave root up mounted the layer's image before (`drop_root.rs`).
 pub fn mount(root: &Path, overlay: &RootOverlay, image_mounted: bool) -> Result<(), OverlayError> {
@@ -115,20 +135,11 @@ pub fn mount(root: &Path, overlay: &RootOverlay, image_mounted: bool) -> Result<
     }
     // A persistent layer's bound: its ext4 image, through a loop device (host root only),
     // mounted nosuid and nodev like the tmpfs; `upper` and `work` are kept from earlier boots.
-    if let (Some(image), Some(dir), false) = (&overlay.image, overlay.disk_dir(), image_mounted) {
+    if overlay.image.is_some() && !image_mounted {
         if in_own_user_namespace() {
             return Err(OverlayError::ImageNeedsRoot);
         }
-        layer_disk::mount_image(image, dir, libc::MS_NOSUID | libc::MS_NODEV)
-            .map_err(OverlayError::Image)?;
-        for made in [&overlay.upper, &overlay.work] {
-            match std::fs::create_dir(made) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(guest_mounts::io_error("make", made, e).into())
-                }
-                _ => {}
-            }
-        }
+        mount_image(overlay)?;
     }
     // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
     let options = format!(
