@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bounded_log::Start;
 use egress::network::{resolv_conf, HostTools, NetworkSetup};
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{
@@ -16,7 +17,6 @@ use sandbox_core::{
 use tokio::net::UnixListener;
 use tokio::process::Command;
 
-use crate::bounded_log;
 use crate::failure::{describe_early_exit, log_tails, stopped_without_guest_status, BootError};
 use crate::layout::Layout;
 use crate::vm_spec;
@@ -156,10 +156,11 @@ impl LibkrunBackend {
         // The guest console on the runner's stdout, libkrun's log on its stderr: both through
         // pipes into files kept within a bound (a guest must not fill the host's disk).
         let (console_out, console_drained) =
-            bounded_log::start(&layout.console_log, bounded_log::LIMIT)
+            bounded_log::start(&layout.console_log, bounded_log::LIMIT, Start::Fresh)
                 .map_err(BootError::Layer)?;
         let (log_out, log_drained) =
-            bounded_log::start(&layout.runner_log, bounded_log::LIMIT).map_err(BootError::Layer)?;
+            bounded_log::start(&layout.runner_log, bounded_log::LIMIT, Start::Fresh)
+                .map_err(BootError::Layer)?;
         // The runner asks for PR_SET_PDEATHSIG, which follows the spawning *thread*: this runs
         // on a tokio worker thread, which lives as long as the plugin's runtime.
         let mut child = Command::new(&self.runner)
@@ -177,7 +178,7 @@ impl LibkrunBackend {
             accepted = tokio::time::timeout(self.agent_wait, listener.accept()) => accepted,
             status = child.wait() => {
                 // What the runner and the guest wrote last explains the exit: read it all.
-                let drained = async { tokio::join!(console_drained, log_drained) };
+                let drained = async { tokio::join!(console_drained.wait(), log_drained.wait()) };
                 let _ = tokio::time::timeout(LOG_DRAIN_TIMEOUT, drained).await;
                 let no_guest_status = stopped_without_guest_status(&layout.runner_log);
                 let status = status

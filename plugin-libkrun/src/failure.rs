@@ -44,19 +44,16 @@ const NO_GUEST_STATUS: &str = "using vcpu exit code";
 /// Whether the runner's log says the VM stopped without a status from the guest.
 /// (The log may have been rotated just before: its older half counts too.)
 pub fn stopped_without_guest_status(runner_log: &Path) -> bool {
-    [
-        runner_log.to_path_buf(),
-        crate::bounded_log::rotated(runner_log),
-    ]
-    .iter()
-    .any(|path| {
-        std::fs::read(path)
-            .map(|log| {
-                log.windows(NO_GUEST_STATUS.len())
-                    .any(|w| w == NO_GUEST_STATUS.as_bytes())
-            })
-            .unwrap_or(false)
-    })
+    [runner_log.to_path_buf(), bounded_log::rotated(runner_log)]
+        .iter()
+        .any(|path| {
+            std::fs::read(path)
+                .map(|log| {
+                    log.windows(NO_GUEST_STATUS.len())
+                        .any(|w| w == NO_GUEST_STATUS.as_bytes())
+                })
+                .unwrap_or(false)
+        })
 }
 
 /// The runner's exit status in words, for a VM that ended before its agent connected;

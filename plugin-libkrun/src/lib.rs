@@ -9,7 +9,6 @@
 //! | module | concern |
 //! | --- | --- |
 //! | [`backend`] | the `Backend`: probe, boot (listen, spawn, accept), the runner process |
-//! | `bounded_log` | the runner's log and the guest console, on disk within a bound |
 //! | `vm_spec` | the runner's specification for one sandbox |
 //! | `layout` | the files of a sandbox's layer directory (agent copy, socket, logs) |
 //! | `failure` | boot errors, with the exit status and the console log's tail |
@@ -18,7 +17,6 @@
 
 mod agent_wait;
 pub mod backend;
-mod bounded_log;
 mod failure;
 mod layout;
 mod vm_spec;

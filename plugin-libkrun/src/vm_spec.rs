@@ -86,7 +86,7 @@ pub fn build(
         // Confined like on bwrap: the guest's own kernel knobs read-only, Docker's
         // capabilities, seccomp (the VM is the boundary; this is depth).
         "argv": ["--confine", "--vsock-port", AGENT_VSOCK_PORT.to_string()],
-        // The runner's stdout: a pipe the backend keeps within a bound (`bounded_log`).
+        // The runner's stdout: a pipe the backend keeps within a bound (the `bounded-log` crate).
         "console_fd": CONSOLE_FD,
         // TSI only behind the egress policy (a sandbox with network, every worker VM): the
         // runner's sockets, which TSI makes the guest's, are then in a namespace of its own
