@@ -1,16 +1,21 @@
 //! `--confine`: locks the sandbox down before the agent serves anything. The agent starts as
 //! uid 0 of the sandbox's own user namespace with every capability of that namespace; this
-//! makes the kernel knobs read-only, keeps only Docker's default capabilities, sets
+//! lets the sandbox's groups open ICMP datagram sockets (`ping` without raw sockets), makes
+//! the kernel knobs read-only, keeps Docker's default capabilities but CAP_NET_RAW, sets
 //! no_new_privs and installs a seccomp filter that every exec inherits. Any failure is
-//! fatal to the caller: a sandbox is never served half-confined.
+//! fatal to the caller (a sandbox is never served half-confined), but the ping knob's: a
+//! sandbox whose network namespace is not its own only loses `ping`.
 //!
-//! Order matters: the mounts need CAP_SYS_ADMIN, so they come before the capabilities go;
-//! the filter comes last (it denies mount, so nothing after it could remount anything).
-//! Everything here runs while the agent is still single-threaded.
+//! Order matters: the ping knob and the mounts need capabilities and a writable /proc/sys,
+//! so they come before the knobs turn read-only and the capabilities go; the filter comes
+//! last (it denies mount, so nothing after it could remount anything). Everything here runs
+//! while the agent is still single-threaded.
 
 use std::ffi::CString;
 use std::fmt;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineError {
@@ -22,6 +27,10 @@ pub enum ConfineError {
     },
     #[error("/proc/sys/kernel/cap_last_cap holds {0:?}, not a capability number")]
     CapLastCap(String),
+    #[error("/proc/self/gid_map holds {0:?}, no group range")]
+    GidMap(String),
+    #[error("the network namespace belongs to another user namespace, left alone")]
+    ForeignNetns,
     #[error("{0}")]
     Seccomp(#[from] seccomp_policy::Error),
 }
@@ -33,6 +42,8 @@ fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ConfineError {
 
 /// What was done, for the one log line.
 pub struct Confined {
+    /// The groups that may open ICMP datagram sockets, or why none may.
+    ping: Result<(u32, u32), ConfineError>,
     proc_knobs: Vec<&'static str>,
     sys_mounts: usize,
     caps_dropped: u32,
@@ -41,11 +52,16 @@ pub struct Confined {
 
 impl fmt::Display for Confined {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ping {
+            Ok((low, high)) => write!(f, "sandbox confined: ping for groups {low}-{high}; ")?,
+            Err(e) => write!(f, "sandbox confined: no ping ({e}); ")?,
+        }
         write!(
             f,
-            "sandbox confined: read-only {} and {} mounts at or under /sys; {} capabilities \
-             dropped (Docker's default set kept, none ambient or inheritable); no_new_privs; \
-             seccomp denies {} syscalls, new user namespaces and clone3",
+            "read-only {} and {} mounts at or under /sys; {} capabilities dropped (Docker's \
+             default set but CAP_NET_RAW kept, none ambient or inheritable); no_new_privs; \
+             seccomp denies {} syscalls, new user namespaces, clone3, and packet, raw and \
+             vsock sockets",
             self.proc_knobs.join(" "),
             self.sys_mounts,
             self.caps_dropped,
@@ -54,9 +70,10 @@ impl fmt::Display for Confined {
     }
 }
 
-/// Runs the four steps in order; see the module comment.
+/// Runs the steps in order; see the module comment.
 pub fn confine() -> Result<Confined, ConfineError> {
     let last_cap = read_last_cap()?;
+    let ping = open_ping_sockets();
     let proc_knobs = read_only_proc_knobs()?;
     let sys_mounts = read_only_sys()?;
     let caps_dropped = drop_capabilities(last_cap)?;
@@ -69,11 +86,88 @@ pub fn confine() -> Result<Confined, ConfineError> {
     }
     let syscalls_denied = install_seccomp()?;
     Ok(Confined {
+        ping,
         proc_knobs,
         sys_mounts,
         caps_dropped,
         syscalls_denied,
     })
+}
+
+// ---- 0. ping without raw sockets ----
+
+const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+/// The largest value the knob takes (the kernel's GID_T_MAX).
+const PING_GID_MAX: u64 = 0x7fff_ffff;
+
+/// Lets every group of the sandbox open ICMP datagram sockets in its network namespace:
+/// `ping` falls back to them when a raw socket is refused with EPERM (busybox and iputils
+/// do), and unlike raw sockets they carry only echo requests through netfilter. The knob is
+/// per network namespace, and written only where the namespace belongs to the agent's
+/// user namespace: a user namespace that maps host root may write the knobs of a network
+/// namespace it merely shares (the host's, as in the agent's own tests).
+fn open_ping_sockets() -> Result<(u32, u32), ConfineError> {
+    if !network_namespace_is_ours()? {
+        return Err(ConfineError::ForeignNetns);
+    }
+    let map = std::fs::read_to_string("/proc/self/gid_map")
+        .map_err(sys_err("read /proc/self/gid_map"))?;
+    let (low, high) = ping_range(&map).ok_or_else(|| ConfineError::GidMap(map.clone()))?;
+    std::fs::write(PING_GROUP_RANGE, format!("{low} {high}"))
+        .map_err(sys_err(format!("write {PING_GROUP_RANGE}")))?;
+    Ok((low, high))
+}
+
+/// Whether the user namespace owning our network namespace is our own (NS_GET_USERNS
+/// answers EPERM for an owner outside our scope: an ancestor's).
+fn network_namespace_is_ours() -> Result<bool, ConfineError> {
+    let net =
+        std::fs::File::open("/proc/self/ns/net").map_err(sys_err("open /proc/self/ns/net"))?;
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor or -1.
+    let owner = unsafe { libc::ioctl(net.as_raw_fd(), libc::NS_GET_USERNS) };
+    if owner < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EPERM) {
+            return Ok(false);
+        }
+        return Err(sys_err("ioctl(NS_GET_USERNS)")(e));
+    }
+    // SAFETY: the ioctl just returned this descriptor, owned by nothing else.
+    let owner = unsafe { OwnedFd::from_raw_fd(owner) };
+    let owner = std::fs::File::from(owner)
+        .metadata()
+        .map_err(sys_err("stat the network namespace's owner"))?;
+    let ours =
+        std::fs::metadata("/proc/self/ns/user").map_err(sys_err("stat /proc/self/ns/user"))?;
+    Ok((owner.dev(), owner.ino()) == (ours.dev(), ours.ino()))
+}
+
+/// The range of the knob for a gid map: from the lowest to the highest group mapped (both
+/// ends must be mapped in the writer's user namespace, or the kernel refuses the value),
+/// at most GID_T_MAX; `0 2147483647` where every group is (a microVM's own kernel).
+fn ping_range(gid_map: &str) -> Option<(u32, u32)> {
+    let mut range: Option<(u64, u64)> = None;
+    for line in gid_map.lines() {
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(inside)), Some(Ok(_)), Some(Ok(count))) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return None;
+        };
+        if count == 0 {
+            return None;
+        }
+        let (first, last) = (inside, inside + count - 1);
+        range = Some(match range {
+            None => (first, last),
+            Some((low, high)) => (low.min(first), high.max(last)),
+        });
+    }
+    let (low, high) = range?;
+    if low > PING_GID_MAX {
+        return None;
+    }
+    Some((low as u32, high.min(PING_GID_MAX) as u32))
 }
 
 // ---- 1. read-only kernel knobs ----
@@ -195,8 +289,10 @@ fn mount(path: &str, flags: libc::c_ulong) -> io::Result<()> {
 
 // ---- 2. capabilities ----
 
-/// Docker's default capability set (moby's `DefaultCapabilities`), by number.
-const KEEP: [u32; 14] = [
+/// Docker's default capability set (moby's `DefaultCapabilities`), by number, without
+/// CAP_NET_RAW: raw and packet sockets go round the sandbox's egress rules (the seccomp
+/// filter refuses them too), and `ping` has ICMP datagram sockets instead.
+const KEEP: [u32; 13] = [
     0,  // CAP_CHOWN
     1,  // CAP_DAC_OVERRIDE
     3,  // CAP_FOWNER
@@ -206,7 +302,6 @@ const KEEP: [u32; 14] = [
     7,  // CAP_SETUID
     8,  // CAP_SETPCAP
     10, // CAP_NET_BIND_SERVICE
-    13, // CAP_NET_RAW
     18, // CAP_SYS_CHROOT
     27, // CAP_MKNOD
     29, // CAP_AUDIT_WRITE
@@ -335,9 +430,33 @@ mod tests {
     }
 
     #[test]
-    fn the_kept_set_is_dockers() {
+    fn the_kept_set_is_dockers_but_net_raw() {
         let keep = KEEP.iter().fold(0u32, |mask, cap| mask | (1 << cap));
-        assert_eq!(keep, 0xa804_25fb);
+        // Docker's 0xa80425fb without bit 13.
+        assert_eq!(keep, 0xa804_05fb);
         assert!(!KEEP.contains(&21), "CAP_SYS_ADMIN is never kept");
+        assert!(!KEEP.contains(&13), "CAP_NET_RAW is never kept");
+    }
+
+    #[test]
+    fn the_ping_range_spans_the_mapped_groups() {
+        // A root adapter's sandbox: its subordinate range.
+        assert_eq!(ping_range("0 100000 65536\n"), Some((0, 65535)));
+        // An ordinary user's: its own group as root, then its subordinate range.
+        assert_eq!(ping_range("0 1000 1\n1 100000 65536\n"), Some((0, 65536)));
+        // Only root mapped.
+        assert_eq!(
+            ping_range("         0       1000          1\n"),
+            Some((0, 0))
+        );
+        // A microVM's own kernel: every group, up to the knob's largest value.
+        assert_eq!(
+            ping_range("         0          0 4294967295\n"),
+            Some((0, 2147483647))
+        );
+        assert_eq!(ping_range(""), None);
+        assert_eq!(ping_range("0 0\n"), None);
+        assert_eq!(ping_range("0 0 0\n"), None);
+        assert_eq!(ping_range("x 0 1\n"), None);
     }
 }

@@ -2,8 +2,8 @@
 //! bubblewrap namespace), speaks agent-proto with the host over one byte stream
 //! (`--stdio`, `--vsock-port N`, or `--unix PATH`), runs execs and fs operations, reaps
 //! every zombie and forwards SIGTERM/SIGINT to its execs. With a leading `--confine` it
-//! first locks the sandbox down (read-only kernel knobs, Docker's capabilities, seccomp)
-//! and refuses to serve if it cannot. It is not the host side: the
+//! locks the sandbox down once its link is open (read-only kernel knobs, Docker's
+//! capabilities but raw sockets, seccomp) and refuses to serve if it cannot. It is not the host side: the
 //! client lives in agent-proto, the policy (limits, S-codes) in sandbox-core.
 //!
 //! Threads plus poll rather than an async runtime: each exec is one thread blocked in
@@ -51,6 +51,22 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    // The link to the host first: in a microVM it is the one vsock socket of the sandbox's
+    // life, and the filter below refuses every new one (to the agent too, so no guest
+    // program can reach the host side of the agent's port). Opening it starts no thread
+    // and says nothing to the host.
+    let stream = match &mode {
+        Mode::Stdio => transport::stdio(),
+        Mode::Vsock(port) => transport::vsock(*port),
+        Mode::Unix(path) => transport::unix(path),
+    };
+    let (mut reader, writer) = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            log!("cannot open the host stream: {e}");
+            return ExitCode::from(1);
+        }
+    };
     // Before any thread exists (the seccomp filter is applied to this thread only, and
     // every later thread and exec inherits it). Fail closed: never serve unconfined.
     if confine {
@@ -86,18 +102,6 @@ fn main() -> ExitCode {
         log!("cannot start the signal thread: {e}");
         return ExitCode::from(1);
     }
-    let stream = match &mode {
-        Mode::Stdio => transport::stdio(),
-        Mode::Vsock(port) => transport::vsock(*port),
-        Mode::Unix(path) => transport::unix(path),
-    };
-    let (mut reader, writer) = match stream {
-        Ok(s) => s,
-        Err(e) => {
-            log!("cannot open the host stream: {e}");
-            return ExitCode::from(1);
-        }
-    };
     let ctx = exec::ExecContext {
         table: table.clone(),
         outbox: outbox::Outbox::new(writer),

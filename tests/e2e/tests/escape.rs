@@ -1,8 +1,9 @@
 //! The escape suite (issue 8): code in a sandbox or a worker VM tries what a hostile tenant
 //! would (host root through the id mapping, `core_pattern`, kernel knobs, remounting
 //! read-only mounts, new mounts, user namespaces, kernel interfaces, ptrace of the adapter,
-//! setuid binaries) and every attempt must fail, with the host's canaries unchanged: the
-//! attacks themselves are `escape_attacks.py`, run by the python fixture image's python3.
+//! setuid binaries, packet, raw and vsock sockets, io_uring) and every attempt must fail,
+//! with the host's canaries unchanged: the attacks themselves are `escape_attacks.py`, run
+//! by the python fixture image's python3.
 
 mod sandbox_support;
 mod worker_support;
@@ -44,6 +45,7 @@ async fn a_sandbox_cannot_escape_to_the_host() {
     .await;
     let context = format!("stderr: {}\n{}", answer["stderr"], stack.adapter.log());
     assert_all_blocked(stdout(&answer), &context);
+    sandbox_support::assert_no_host_root_in_sandboxes(stack.adapter.pid());
     canary.assert_untouched();
     assert_eq!(
         std::fs::read(&core_pattern.path).unwrap(),

@@ -54,6 +54,10 @@ with open("/proc/sys/kernel/random/boot_id") as f:
     own_kernel = host_boot_id is not None and f.read().strip() != host_boot_id
 if own_kernel:
     report("uid_map", False, "a kernel of its own (another boot id): its uid 0 is not the host's")
+elif first[2] != "4294967295":
+    # A namespace nested in the starter's maps its ids to the parent's, not the host's: the
+    # map says nothing of host root from in here (the host side checks the host ids).
+    report("uid_map", False, "uid 0 is the parent namespace's " + first[1] + " (nested)")
 else:
     report("uid_map", first[1] == "0", "uid 0 is host uid " + first[1])
 
@@ -180,4 +184,39 @@ for plant in ["/" + PLANT, "/state/" + PLANT]:
         print(f"planted {plant}", flush=True)
     except OSError as e:
         print(f"plant {plant} refused {errno.errorcode.get(e.errno, e.errno)}", flush=True)
+
+# 12. Sockets that go round the network policy or out of the sandbox's namespaces, and
+# io_uring: the seccomp filter refuses them with EPERM whoever asks (root here). Packet
+# frames and raw IP never cross the sandbox's netfilter rules; vsock ignores network
+# namespaces (on a microVM it would reach the host side of the agent's own link).
+AF_INET, AF_PACKET, AF_VSOCK = 2, 17, 40
+SOCK_STREAM, SOCK_RAW, SOCK_PACKET = 1, 3, 10
+ETH_P_ALL, IPPROTO_TCP = 0x0300, 6  # ETH_P_ALL in network byte order, as packet(7) wants
+
+
+def refused_with_eperm(name, rc, err):
+    report(name, rc >= 0 or err != errno.EPERM, f"rc={rc} {errno.errorcode.get(err, err)}")
+
+
+for name, family, kind, proto in [
+    ("socket:AF_PACKET-SOCK_RAW", AF_PACKET, SOCK_RAW, ETH_P_ALL),
+    ("socket:AF_INET-SOCK_RAW-TCP", AF_INET, SOCK_RAW, IPPROTO_TCP),
+    ("socket:AF_INET-SOCK_PACKET", AF_INET, SOCK_PACKET, ETH_P_ALL),
+    ("socket:AF_VSOCK-SOCK_STREAM", AF_VSOCK, SOCK_STREAM, 0),
+]:
+    ctypes.set_errno(0)
+    fd = libc.socket(family, kind, proto)
+    err = ctypes.get_errno()
+    if fd >= 0:
+        os.close(fd)
+    refused_with_eperm(name, fd, err)
+# io_uring_setup is 425 on x86_64 and aarch64 alike (the generic syscall table's number).
+params = ctypes.create_string_buffer(120)
+ctypes.set_errno(0)
+rc = libc.syscall(ctypes.c_long(425), ctypes.c_long(1), params)
+err = ctypes.get_errno()
+if rc >= 0:
+    os.close(rc)
+refused_with_eperm("io_uring_setup", rc, err)
+
 print(f"done {len(results)} attacks", flush=True)
