@@ -11,6 +11,8 @@
 #![deny(unsafe_code)]
 
 pub mod dns;
+pub mod forward;
+pub mod gate;
 pub mod netns;
 pub mod network;
 pub mod policy;

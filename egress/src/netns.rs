@@ -40,7 +40,7 @@ pub struct PastaStarter {
 
 /// The two ends of the message channel between a forked helper and its parent (close-on-exec:
 /// the helper passes its end on only on purpose).
-fn seqpacket_pair() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+pub(crate) fn seqpacket_pair() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     Ok(socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -116,6 +116,17 @@ fn connect_to(
     let listeners = dns_listeners()?;
     load_rules(setup)?;
     proxy.hand_over(listeners)?;
+    attach_pasta(starter, setup, log, pasta_target)
+}
+
+/// Has pasta (waiting in `starter`) join `target`'s user and network namespaces; returns once
+/// it configured this process's network namespace (the one `target` is in).
+pub(crate) fn attach_pasta(
+    starter: PastaStarter,
+    setup: &NetworkSetup,
+    log: &str,
+    pasta_target: Pid,
+) -> Result<(), String> {
     // pasta, as this process's host uid, opens /proc/<us>/ns/*: entering the sandbox's user
     // namespace made us non-dumpable, which would refuse it. Nothing in the sandbox can see
     // this process (its own pid namespace).
@@ -224,7 +235,7 @@ fn hold_namespace(owner: (u32, u32), parent: Pid) -> Result<(), String> {
 
 /// Points stdin and stdout at `/dev/null`: in the bwrap launcher they are the agent's
 /// channel, in the VM runner the guest console, and no child of the starter may hold them.
-fn detach_stdio() -> Result<(), String> {
+pub(crate) fn detach_stdio() -> Result<(), String> {
     let null = File::options()
         .read(true)
         .write(true)
@@ -296,7 +307,7 @@ fn become_pasta(socket: OwnedFd) -> String {
 
 /// The resolver proxy's process, forked before the sandbox's network namespace exists and
 /// waiting for its listening sockets. Dropped unused, it exits.
-struct DnsProxy {
+pub(crate) struct DnsProxy {
     socket: OwnedFd,
 }
 
@@ -305,7 +316,7 @@ pub const DNS_PROXY_NAME: &str = "iii-dns-proxy";
 
 impl DnsProxy {
     /// Call while single-threaded (it forks).
-    fn fork(setup: &NetworkSetup) -> io::Result<DnsProxy> {
+    pub(crate) fn fork(setup: &NetworkSetup) -> io::Result<DnsProxy> {
         let (ours, theirs) = seqpacket_pair()?;
         let parent = nix::unistd::getpid();
         // SAFETY: the launcher is single-threaded; the child starts its own runtime from
@@ -323,7 +334,7 @@ impl DnsProxy {
     }
 
     /// Sends the proxy its listening sockets and this (the sandbox's) network namespace.
-    fn hand_over(self, listeners: Listeners) -> Result<(), String> {
+    pub(crate) fn hand_over(self, listeners: Listeners) -> Result<(), String> {
         let netns = File::open("/proc/self/ns/net")
             .map_err(|e| format!("cannot name the sandbox's network namespace: {e}"))?;
         let mut kinds = Vec::new();
@@ -460,7 +471,7 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     crate::dns::serve(listeners, upstreams, setup.nft.clone(), setup.dns.clone())
 }
 
-fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
+pub(crate) fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
     // A copy of stderr (the sandbox log) for each of nft's outputs.
     let log = || {
         nix::unistd::dup(2)
@@ -495,7 +506,7 @@ fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
 
 /// Waits until pasta gave the namespace a default route (IPv4 or IPv6) and listens on every
 /// forwarded port, or gave up.
-fn wait_until_ready(pasta: Pid, ports: &[u16]) -> Result<(), String> {
+pub(crate) fn wait_until_ready(pasta: Pid, ports: &[u16]) -> Result<(), String> {
     let deadline = Instant::now() + PASTA_READY;
     loop {
         if has_default_route() && ports.iter().all(|port| listening(*port)) {
@@ -538,14 +549,21 @@ fn listening(port: u16) -> bool {
         })
 }
 
-fn has_default_route() -> bool {
-    let v4 = std::fs::read_to_string("/proc/self/net/route").is_ok_and(|table| {
+pub(crate) fn has_default_route() -> bool {
+    has_v4_default_route() || has_v6_default_route()
+}
+
+fn has_v4_default_route() -> bool {
+    std::fs::read_to_string("/proc/self/net/route").is_ok_and(|table| {
         table
             .lines()
             .skip(1)
             .any(|line| line.split_whitespace().nth(1) == Some("00000000"))
-    });
-    v4 || std::fs::read_to_string("/proc/self/net/ipv6_route").is_ok_and(|table| {
+    })
+}
+
+pub(crate) fn has_v6_default_route() -> bool {
+    std::fs::read_to_string("/proc/self/net/ipv6_route").is_ok_and(|table| {
         table.lines().any(|line| {
             let mut fields = line.split_whitespace();
             fields.next() == Some("00000000000000000000000000000000")
@@ -556,7 +574,7 @@ fn has_default_route() -> bool {
 }
 
 /// `ip link set lo up`, through the one ioctl it needs.
-fn loopback_up() -> io::Result<()> {
+pub(crate) fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() takes plain integers and returns a new descriptor or -1.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

@@ -10,6 +10,15 @@
 //! at once (a TCP reset, an ICMP unreachable: never a hang), and costs nothing per packet
 //! that pasta would not pay anyway.
 //!
+//! Where the rules sit depends on who opens the sandbox's sockets ([`Boundary`]). A microVM's
+//! sockets are opened by its runner (TSI), in the runner's namespace, which the guest has no
+//! way to act in: the rules judge what that namespace sends. A bwrap sandbox's programs share
+//! the host's kernel and may hold root in their own namespaces: a packet socket's hand-built
+//! frames never cross their namespace's netfilter, and pasta opens a host socket for whatever
+//! destination a frame names. So a bwrap sandbox's namespace is only a client of a gate
+//! namespace ([`Boundary::Gate`], see `gate.rs`) that holds the rules, routes to pasta and is
+//! owned by a user namespace the sandbox's ids have no capability in.
+//!
 //! DNS: every query the sandbox sends (udp or tcp, port 53, to any address) is redirected to
 //! the sandbox's resolver proxy (`dns.rs`), which asks the host's resolvers and, for a name in
 //! `allow` or `deny`, puts the answered addresses in this ruleset's sets before the sandbox
@@ -30,6 +39,42 @@ pub const DNS_FORWARD: &str = "169.254.1.53";
 /// Where the proxy listens inside the sandbox's namespace (127.0.0.1 and ::1), the target
 /// of the redirect.
 pub const DNS_PROXY_PORT: u16 = 53;
+/// The gate's side of the link between a bwrap sandbox and its gate namespace (the addresses
+/// and names slirp4netns gives a guest: 10.0.2.0/24 and fd00::/64, gateway .2).
+pub const GATE_IF: &str = "iii-gate";
+pub const GATE_V4: &str = "10.0.2.2";
+pub const GATE_V6: &str = "fd00::2";
+/// The sandbox's side of that link.
+pub const SANDBOX_IF: &str = "eth0";
+pub const SANDBOX_V4: &str = "10.0.2.100";
+pub const SANDBOX_V6: &str = "fd00::100";
+pub const LINK_V4: &str = "10.0.2.0/24";
+pub const LINK_V6: &str = "fd00::/64";
+/// pasta's own MTU: frames as large as pasta takes cross the link whole.
+pub const LINK_MTU: u32 = 65520;
+/// What the gate never forwards, whatever the lists say: the loopback ranges (the kernel
+/// already drops them as martians from a non-loopback interface; written down all the same)
+/// and the unspecified addresses.
+const NEVER_FORWARDED: &[&str] = &[
+    "0.0.0.0/8",
+    "127.0.0.0/8",
+    "::1/128",
+    "::/128",
+    "::ffff:127.0.0.0/104",
+];
+
+/// Where the egress policy is enforced, by who opens the sandbox's sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Boundary {
+    /// The starter opens them itself (a microVM's runner, through TSI): the rules judge what
+    /// the starter's own namespace sends, and pasta forwards the bus port into it.
+    Starter,
+    /// The sandbox's programs open them, in a namespace of their own behind a gate namespace
+    /// that holds the rules (forwarded traffic) and pasta; the bus port is forwarded by a
+    /// process of the host's network namespace.
+    Gate,
+}
+
 /// The ruleset's table, and its sets of the addresses names resolved to.
 pub const TABLE: &str = "inet iii_egress";
 pub const ALLOW_V4: &str = "allow_names_v4";
@@ -89,12 +134,19 @@ pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
 pub struct NetworkSetup {
     /// `nft` and the ruleset it loads into the sandbox's namespace.
     pub nft: String,
+    /// iproute2's `ip` (a gate's link).
+    pub ip: String,
     pub rules: String,
     /// `pasta` and its arguments, without the namespace to join (the launcher adds it).
     pub pasta: String,
     pub pasta_args: Vec<String>,
     /// Ports pasta listens on inside the namespace once it is ready (the forwarded bus).
     pub forwarded_ports: Vec<u16>,
+    /// Where the rules sit.
+    pub boundary: Boundary,
+    /// Behind a gate: the bus on the host's loopback, which the sandbox reaches at its own
+    /// loopback's same port through a forwarder of the host's network namespace.
+    pub bus_forward: Option<SocketAddr>,
     /// The host ids pasta runs as when the adapter is root (its starter drops to them).
     pub run_as: Option<(u32, u32)>,
     /// The sandbox's resolver proxy.
@@ -111,8 +163,13 @@ impl NetworkSetup {
         egress: &Egress,
         host_addrs: &[IpAddr],
         run_as: Option<(u32, u32)>,
+        boundary: Boundary,
     ) -> Self {
         let bus_on_loopback = egress.bus.filter(|bus| bus.ip().is_loopback());
+        let (pasta_forward, bus_forward) = match boundary {
+            Boundary::Starter => (bus_on_loopback, None),
+            Boundary::Gate => (None, bus_on_loopback),
+        };
         let mut pasta_args: Vec<String> = [
             "--config-net",
             "--no-map-gw",
@@ -130,16 +187,23 @@ impl NetworkSetup {
         pasta_args.push("--tcp-ns".into());
         // The bus on the host's loopback: its one port, forwarded from the sandbox's own
         // loopback, so the guest's III_URL works and no other host port does.
-        pasta_args.push(match bus_on_loopback {
+        pasta_args.push(match pasta_forward {
             Some(bus) => bus.port().to_string(),
             None => "none".into(),
         });
+        let rules = match boundary {
+            Boundary::Starter => ruleset(egress, host_addrs),
+            Boundary::Gate => gate_ruleset(egress, host_addrs),
+        };
         NetworkSetup {
             nft,
-            rules: ruleset(egress, host_addrs),
+            ip: find_in_path("ip").map_or_else(|| "ip".into(), |p| p.display().to_string()),
+            rules,
             pasta,
             pasta_args,
-            forwarded_ports: bus_on_loopback.map(|bus| bus.port()).into_iter().collect(),
+            forwarded_ports: pasta_forward.map(|bus| bus.port()).into_iter().collect(),
+            boundary,
+            bus_forward,
             run_as,
             dns: DnsSetup::new(egress),
         }
@@ -149,17 +213,7 @@ impl NetworkSetup {
 /// The nftables script for `egress` (see the module's comment for the order of the rules).
 pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     let mut rules = format!("table {TABLE} {{\n");
-    for (set, kind) in [
-        (ALLOW_V4, "ipv4_addr"),
-        (ALLOW_V6, "ipv6_addr"),
-        (DENY_V4, "ipv4_addr"),
-        (DENY_V6, "ipv6_addr"),
-    ] {
-        let _ = writeln!(
-            rules,
-            "  set {set} {{ type {kind}; flags timeout; size {SET_SIZE}; }}"
-        );
-    }
+    sets(&mut rules);
     // Every query, to whatever server, goes to the proxy: a name's rule cannot be sidestepped
     // by asking another resolver.
     let _ = writeln!(
@@ -178,7 +232,80 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     // A connection is judged when it starts: one to an address a name opened outlives the
     // answer's TTL.
     rules.push_str("    ct state established,related accept\n");
-    // Not redirected (cannot happen while the chain above stands): refused all the same.
+    judgments(&mut rules, egress, host_addrs);
+    rules.push_str("  }\n}\n");
+    rules
+}
+
+/// The nftables script a gate namespace holds for `egress`: what the sandbox's namespace
+/// sends through the gate is judged as it is forwarded (whatever socket made it), DNS is
+/// redirected to the proxy listening on the gate's own addresses, the gate itself answers
+/// nothing else, and what passes leaves from the gate's address (pasta's side).
+pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
+    let mut rules = format!("table {TABLE} {{\n");
+    sets(&mut rules);
+    let _ = writeln!(
+        rules,
+        "  chain dns {{\n    type nat hook prerouting priority dstnat; policy accept;\n    \
+         iifname \"{GATE_IF}\" meta nfproto ipv4 meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {GATE_V4}:{DNS_PROXY_PORT}\n    \
+         iifname \"{GATE_IF}\" meta nfproto ipv6 meta l4proto {{ tcp, udp }} th dport 53 dnat ip6 to [{GATE_V6}]:{DNS_PROXY_PORT}\n  }}"
+    );
+    // The gate's own addresses (the link's, and the host's that pasta copied onto its side)
+    // answer the sandbox's DNS and neighbour discovery only: refused at once otherwise.
+    let _ = writeln!(
+        rules,
+        "  chain input {{\n    type filter hook input priority filter; policy accept;\n    \
+         iifname \"lo\" accept\n    ct state established,related accept\n    \
+         iifname \"{GATE_IF}\" meta l4proto {{ tcp, udp }} th dport {DNS_PROXY_PORT} ct status dnat accept\n    \
+         meta l4proto ipv6-icmp icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-advert }} accept\n    \
+         meta l4proto tcp reject with tcp reset\n    reject\n  }}"
+    );
+    rules.push_str(
+        "  chain forward {\n    type filter hook forward priority filter; policy drop;\n    ct state established,related accept\n",
+    );
+    // Only the sandbox's side starts anything, and only from its own link's addresses (a
+    // made-up source elsewhere would leave unmasqueraded).
+    let _ = writeln!(
+        rules,
+        "    iifname != \"{GATE_IF}\" drop\n    ip saddr != {LINK_V4} drop\n    ip6 saddr != {LINK_V6} drop"
+    );
+    let never: Vec<IpNet> = NEVER_FORWARDED
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    reject(&mut rules, &never);
+    judgments(&mut rules, egress, host_addrs);
+    // What no verdict above refused (the chain's policy drops only what no rule reached).
+    rules.push_str("    accept\n  }\n");
+    let _ = writeln!(
+        rules,
+        "  chain leave {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
+         oifname != \"{GATE_IF}\" ip saddr {LINK_V4} masquerade\n    \
+         oifname != \"{GATE_IF}\" ip6 saddr {LINK_V6} masquerade\n  }}\n}}"
+    );
+    rules
+}
+
+/// The address sets the resolver proxy fills.
+fn sets(rules: &mut String) {
+    for (set, kind) in [
+        (ALLOW_V4, "ipv4_addr"),
+        (ALLOW_V6, "ipv6_addr"),
+        (DENY_V4, "ipv4_addr"),
+        (DENY_V6, "ipv6_addr"),
+    ] {
+        let _ = writeln!(
+            rules,
+            "  set {set} {{ type {kind}; flags timeout; size {SET_SIZE}; }}"
+        );
+    }
+}
+
+/// The policy's verdicts on a new connection's first packet, in order: DNS that escaped the
+/// redirect refused, the bus allowed, the denied ranges and names refused, then the allow
+/// list (with its names) or everything else.
+fn judgments(rules: &mut String, egress: &Egress, host_addrs: &[IpAddr]) {
+    // Not redirected (cannot happen while the dns chain stands): refused all the same.
     rules.push_str(
         "    meta l4proto tcp tcp dport 53 reject with tcp reset\n    udp dport 53 reject\n",
     );
@@ -189,20 +316,18 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     let mut denied: Vec<IpNet> = egress.deny.nets.iter().chain(&host).copied().collect();
     if egress.allow.is_empty() {
         denied.extend(default_denied());
-        reject(&mut rules, &denied);
-        reject_sets(&mut rules, DENY_V4, DENY_V6);
+        reject(rules, &denied);
+        reject_sets(rules, DENY_V4, DENY_V6);
     } else {
-        reject(&mut rules, &denied);
-        reject_sets(&mut rules, DENY_V4, DENY_V6);
-        accept(&mut rules, &egress.allow.nets);
+        reject(rules, &denied);
+        reject_sets(rules, DENY_V4, DENY_V6);
+        accept(rules, &egress.allow.nets);
         let _ = writeln!(
             rules,
             "    ip daddr @{ALLOW_V4} accept\n    ip6 daddr @{ALLOW_V6} accept"
         );
         rules.push_str("    meta l4proto tcp reject with tcp reset\n    reject\n");
     }
-    rules.push_str("  }\n}\n");
-    rules
 }
 
 /// Refused at once, the addresses of the names in `network_deny`.
@@ -259,6 +384,8 @@ fn accept(rules: &mut String, nets: &[IpNet]) {
 pub struct HostTools {
     pub pasta: Option<PathBuf>,
     pub nft: Option<PathBuf>,
+    /// iproute2's `ip`, which links a gate to its sandbox.
+    pub ip: Option<PathBuf>,
     /// The host's own addresses, denied to every sandbox.
     pub host_addrs: Vec<IpAddr>,
 }
@@ -269,6 +396,7 @@ impl HostTools {
         HostTools {
             pasta: find_in_path("pasta"),
             nft: find_in_path("nft"),
+            ip: find_in_path("ip"),
             host_addrs: host_addresses(),
         }
     }
@@ -279,6 +407,8 @@ impl HostTools {
             Some("`pasta` is not installed (Debian package `passt`)")
         } else if self.nft.is_none() {
             Some("`nft` is not installed (Debian package `nftables`)")
+        } else if self.ip.is_none() {
+            Some("`ip` is not installed (Debian package `iproute2`)")
         } else if std::fs::File::options()
             .read(true)
             .write(true)
@@ -313,6 +443,7 @@ impl HostTools {
         &self,
         egress: &Egress,
         run_as: Option<(u32, u32)>,
+        boundary: Boundary,
     ) -> Result<NetworkSetup, String> {
         if let Some(why) = self.unavailable() {
             return Err(format!(
@@ -330,6 +461,7 @@ impl HostTools {
             egress,
             &self.host_addrs,
             run_as,
+            boundary,
         ))
     }
 }
@@ -453,6 +585,7 @@ mod tests {
             &egress(&[], &[], Some("127.0.0.1:49134")),
             &[],
             Some((7, 8)),
+            Boundary::Starter,
         );
         // Its starter takes the ids itself (see netns.rs): pasta's --runas would clear the
         // parent-death signal.
@@ -472,6 +605,7 @@ mod tests {
             &egress(&[], &[], Some("10.1.2.3:7000")),
             &[],
             None,
+            Boundary::Starter,
         );
         assert_eq!(remote.run_as, None);
         let at = remote
@@ -485,5 +619,85 @@ mod tests {
             .find("ip daddr 10.1.2.3 tcp dport 7000 accept")
             .unwrap();
         assert!(accept < remote.rules.find("10.0.0.0/8").unwrap());
+    }
+
+    #[test]
+    fn behind_a_gate_the_bus_is_forwarded_by_us_not_pasta() {
+        let setup = NetworkSetup::new(
+            "nft".into(),
+            "pasta".into(),
+            &egress(&[], &[], Some("127.0.0.1:49134")),
+            &[],
+            None,
+            Boundary::Gate,
+        );
+        let at = setup
+            .pasta_args
+            .iter()
+            .position(|a| a == "--tcp-ns")
+            .unwrap();
+        assert_eq!(setup.pasta_args[at + 1], "none");
+        assert!(setup.forwarded_ports.is_empty());
+        assert_eq!(setup.bus_forward, Some("127.0.0.1:49134".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_gate_judges_forwarded_traffic_and_answers_only_dns() {
+        let host: Vec<IpAddr> = vec!["192.0.2.2".parse().unwrap()];
+        let rules = gate_ruleset(&egress(&["10.0.0.0/8"], &[], None), &host);
+        let forward = rules.find("chain forward").unwrap();
+        let chain = &rules[forward..];
+        // Loopback is never forwarded, even with an allow list that names a private range.
+        let loopback = chain.find("127.0.0.0/8").unwrap();
+        let allow = chain.find("ip daddr { 10.0.0.0/8 } accept").unwrap();
+        assert!(loopback < allow, "{rules}");
+        assert!(chain.find("192.0.2.2/32").unwrap() < allow, "{rules}");
+        assert!(chain.contains("policy drop"), "{rules}");
+        assert!(rules.contains("dnat ip to 10.0.2.2:53"), "{rules}");
+        assert!(rules.contains("ip saddr 10.0.2.0/24 masquerade"), "{rules}");
+        // Nothing of the starter's own output chain: the gate's own sockets are the proxy's.
+        assert!(!rules.contains("hook output"), "{rules}");
+    }
+
+    /// Both rulesets, with and without an allow list and a bus, load into a namespace of
+    /// their own (nft's check mode asks the kernel).
+    #[test]
+    fn the_rulesets_load() {
+        let Some(nft) = find_in_path("nft") else {
+            println!("DID NOT RUN: no nft here");
+            return;
+        };
+        if !nix::unistd::geteuid().is_root() {
+            println!("DID NOT RUN: needs root for a network namespace of its own");
+            return;
+        }
+        let host: Vec<IpAddr> = vec!["192.0.2.2".parse().unwrap(), "2001:db8::2".parse().unwrap()];
+        for policy in [
+            egress(&[], &["10.9.0.0/16"], Some("127.0.0.1:4000")),
+            egress(
+                &["10.0.0.0/8", "2001:db8:1::/48"],
+                &[],
+                Some("10.1.2.3:7000"),
+            ),
+        ] {
+            for rules in [ruleset(&policy, &host), gate_ruleset(&policy, &host)] {
+                let mut check = std::process::Command::new("unshare")
+                    .args(["-n"])
+                    .arg(&nft)
+                    .args(["-c", "-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                std::io::Write::write_all(&mut check.stdin.take().unwrap(), rules.as_bytes())
+                    .unwrap();
+                let out = check.wait_with_output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}\n{rules}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
     }
 }

@@ -146,6 +146,43 @@ pub fn new_user_namespace(
     owner: Option<(u32, u32)>,
     write_maps: impl FnOnce(i32) -> io::Result<()>,
 ) -> io::Result<OwnedFd> {
+    hold_new_namespaces(owner, CloneFlags::empty(), write_maps)?.open("user")
+}
+
+/// New namespaces held by a child of ours until this is dropped: a user namespace (its maps
+/// written by the caller) and the others asked for with it, all owned by that namespace.
+/// While held they can be named by the child's pid (`ip link ... netns PID`).
+pub struct HeldNamespaces {
+    pid: nix::unistd::Pid,
+    release: Option<OwnedFd>,
+}
+
+impl HeldNamespaces {
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    /// A descriptor of the held namespace of `kind` (`user`, `net`, ...).
+    pub fn open(&self, kind: &str) -> io::Result<OwnedFd> {
+        File::open(format!("/proc/{}/ns/{kind}", self.pid)).map(OwnedFd::from)
+    }
+}
+
+impl Drop for HeldNamespaces {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        let _ = waitpid(self.pid, None);
+    }
+}
+
+/// [`new_user_namespace`] with `others` (e.g. `CLONE_NEWNET`) made in the same step, so the
+/// user namespace owns them, held until the returned value is dropped. Call only while
+/// single-threaded (it forks).
+pub fn hold_new_namespaces(
+    owner: Option<(u32, u32)>,
+    others: CloneFlags,
+    write_maps: impl FnOnce(i32) -> io::Result<()>,
+) -> io::Result<HeldNamespaces> {
     let (ready_read, ready_write) = nix::unistd::pipe()?;
     let (release_read, release_write) = nix::unistd::pipe()?;
     // SAFETY: the caller is single-threaded, so the child may run any code; the child only
@@ -155,11 +192,18 @@ pub fn new_user_namespace(
             drop(ready_read);
             drop(release_write);
             let owner_ok = owner.is_none_or(|(uid, gid)| become_owner(uid, gid).is_ok());
-            let ok = owner_ok && unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            // Never outlives its maker, whatever happens to the release pipe (set after the
+            // change of ids, which clears it).
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            // A caller that entered a user namespace or changed ids is not dumpable, and
+            // neither would we be: our /proc/<pid>/uid_map would then be host root's, closed
+            // to a caller that is root of a namespace only. Nothing but our maker can see us.
+            let _ = nix::sys::prctl::set_dumpable(true);
+            let ok = owner_ok && unshare(CloneFlags::CLONE_NEWUSER | others).is_ok();
             let mut ready = File::from(ready_write);
             let _ = ready.write_all(if ok { b"y" } else { b"n" });
             drop(ready);
-            // Holds the namespace until the parent has its descriptor (EOF on release).
+            // Holds the namespaces until the parent lets go (EOF on release).
             let _ = File::from(release_read).read(&mut [0u8; 1]);
             // SAFETY: _exit ends the forked child without running the parent's destructors.
             unsafe { libc::_exit(0) }
@@ -167,20 +211,21 @@ pub fn new_user_namespace(
         ForkResult::Parent { child } => {
             drop(ready_write);
             drop(release_read);
+            let held = HeldNamespaces {
+                pid: child,
+                release: Some(release_write),
+            };
             let mut answer = [0u8; 1];
-            let made = File::from(ready_read).read(&mut answer);
-            let result = match made {
-                Ok(1) if answer[0] == b'y' => write_maps(child.as_raw()).and_then(|()| {
-                    File::open(format!("/proc/{}/ns/user", child.as_raw())).map(OwnedFd::from)
-                }),
+            match File::from(ready_read).read(&mut answer) {
+                Ok(1) if answer[0] == b'y' => {
+                    write_maps(child.as_raw())?;
+                    Ok(held)
+                }
                 Ok(_) => Err(io::Error::other(
                     "cannot create a user namespace (are unprivileged user namespaces enabled?)",
                 )),
                 Err(e) => Err(e),
-            };
-            drop(release_write);
-            let _ = waitpid(child, None);
-            result
+            }
         }
     }
 }

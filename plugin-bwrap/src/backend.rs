@@ -14,7 +14,7 @@ use crate::cgroup;
 use crate::disk::{self, Disk};
 use crate::fuse_disk::FuseTools;
 use crate::launch::LaunchCommand;
-use crate::network::{find_in_path, resolv_conf, HostTools, NetworkSetup};
+use crate::network::{find_in_path, resolv_conf, Boundary, HostTools, NetworkSetup};
 use crate::pool::LauncherPool;
 use crate::userns::IdMap;
 
@@ -95,7 +95,9 @@ impl BwrapBackend {
             .then_some((self.id_map.uid_base, self.id_map.gid_base));
         let setup = self
             .egress_tools
-            .setup(&spec.egress, run_as)
+            // The sandbox's programs open their own sockets: the rules sit in a gate namespace
+            // they cannot act in.
+            .setup(&spec.egress, run_as, Boundary::Gate)
             .map_err(SandboxError::BootFailed)?;
         std::fs::write(spec.layer_dir.join(RESOLV_FILE), resolv_conf()).map_err(|e| {
             SandboxError::BootFailed(format!("cannot write the sandbox's resolver file: {e}"))

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bounded_log::Start;
-use egress::network::{resolv_conf, HostTools, NetworkSetup};
+use egress::network::{resolv_conf, Boundary, HostTools, NetworkSetup};
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
@@ -397,7 +397,7 @@ impl LibkrunBackend {
         // adapter's subordinate ids, which pasta runs as; an ordinary user's runner owns its
         // own namespaces, and pasta keeps that user's ids.
         self.egress_tools
-            .setup(&spec.egress, self.root_ids)
+            .setup(&spec.egress, self.root_ids, Boundary::Starter)
             .map(Some)
             .map_err(SandboxError::BootFailed)
     }

@@ -334,6 +334,7 @@ mod tests {
             &spec.egress,
             &host_addrs,
             None,
+            egress::network::Boundary::Starter,
         );
         let (value, vm) = build(&spec, &layout, &VmTuning::default(), Some(&setup), None).unwrap();
         assert!(vm.network, "TSI: {value}");

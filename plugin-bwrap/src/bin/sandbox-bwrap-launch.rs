@@ -25,7 +25,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{dup2, getppid, Pid};
 use plugin_bwrap::fuse_disk;
 use plugin_bwrap::launch::LaunchCommand;
-use plugin_bwrap::netns::{self, PastaStarter};
+use plugin_bwrap::netns::PastaStarter;
 use plugin_bwrap::userns::{self, IdMap};
 
 /// What `prepare` leaves for `launch`.
@@ -195,10 +195,14 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
             .map_err(|e| format!("cannot mount the sandbox's overlay root: {e}"))?;
         }
     }
+    // The sandbox runs in a user namespace nested in this one (the same ids), so nothing set
+    // here (the gate's rules, the limits of this namespace) is within its root's reach.
+    let ids = map.ids_inside();
     if let Some(network) = &command.network {
-        netns::connect(pasta, network, &command.log)?;
+        egress::gate::connect_gated(pasta, network, &command.log, ids)?;
     } else {
         drop(pasta);
+        egress::gate::enter_nested(ids)?;
     }
     let _ = std::env::set_current_dir("/");
     let _ = std::io::stderr().flush();

@@ -45,6 +45,7 @@ async fn a_sandbox_cannot_escape_to_the_host() {
     .await;
     let context = format!("stderr: {}\n{}", answer["stderr"], stack.adapter.log());
     assert_all_blocked(stdout(&answer), &context);
+    sandbox_support::assert_no_host_root_in_sandboxes(stack.adapter.pid());
     canary.assert_untouched();
     assert_eq!(
         std::fs::read(&core_pattern.path).unwrap(),

@@ -342,6 +342,53 @@ pub fn assert_all_blocked(output: &str, context: &str) {
     assert!(ran >= 20, "too few attacks ran ({ran}): {output}");
 }
 
+/// No process of the adapter `adapter_pid`'s sandboxes (its descendants in a user namespace
+/// other than the host's) holds host uid or gid 0 in any of its ids: checked from the host,
+/// since a nested namespace's map shows only its parent's ids.
+pub fn assert_no_host_root_in_sandboxes(adapter_pid: u32) {
+    let host_userns = std::fs::read_link("/proc/self/ns/user").unwrap();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let descends = |mut pid: u32| {
+        for _ in 0..64 {
+            match parent(pid) {
+                Some(p) if p == adapter_pid => return true,
+                Some(p) if p > 1 => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut seen = 0;
+    for pid in std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| descends(*pid))
+    {
+        let Ok(userns) = std::fs::read_link(format!("/proc/{pid}/ns/user")) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        if userns == host_userns {
+            continue;
+        }
+        seen += 1;
+        for key in ["Uid:", "Gid:"] {
+            let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_default();
+            assert!(
+                !line.split_whitespace().skip(1).any(|id| id == "0"),
+                "sandbox process {pid} holds host {key} 0: {line}"
+            );
+        }
+    }
+    assert!(seen > 0, "no sandbox process of adapter {adapter_pid} found");
+}
+
 /// A host file an attack would change, with what it held.
 pub struct Canary {
     pub path: PathBuf,

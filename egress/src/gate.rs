@@ -1,0 +1,221 @@
+//! A bwrap sandbox's way out, through a gate it cannot act in ([`Boundary::Gate`]).
+//!
+//! ```text
+//!  sandbox's user namespace (nested)     starter's user namespace           host
+//!  ┌ sandbox's network namespace ┐   ┌ gate network namespace ────────┐
+//!  │ eth0 10.0.2.100, fd00::100  ├───┤ iii-gate 10.0.2.2, fd00::2     │
+//!  │ (any socket, any frame)     │   │ nftables: forward judged, DNS  │   pasta ── host sockets
+//!  └─────────────────────────────┘   │ to the proxy, masquerade       ├── tap ──┘
+//!                                    └────────────────────────────────┘
+//! ```
+//!
+//! The sandbox's namespaces belong to a user namespace nested in the starter's (the same ids,
+//! mapped one to one), so the sandbox's root, whatever capabilities it keeps or regains there,
+//! holds none over the gate: it can neither enter it nor change its rules. Every packet the
+//! sandbox sends, from any socket including a packet socket's hand-built frames, arrives at the
+//! gate as forwarded traffic and is judged there; loopback destinations are martians the gate's
+//! kernel drops, the host's own addresses (pasta copies them onto the gate's side) are the
+//! gate's and refused by its input chain. Only then does pasta see a frame.
+//!
+//! The resolver proxy listens on the gate's addresses and fills the gate's sets; the bus, when
+//! it is on the host's loopback, is forwarded by a process of the host's network namespace
+//! (`forward.rs`).
+//!
+//! Measured in the benchmark's `create with network: true` and download rows.
+//!
+//! [`Boundary::Gate`]: crate::network::Boundary::Gate
+
+// Handing a copy of stderr to a child is what std leaves unsafe.
+#![allow(unsafe_code)]
+
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+
+use nix::sched::{setns, unshare, CloneFlags};
+
+use crate::dns::Listeners;
+use crate::forward::{self, BusForwarder};
+use crate::netns::{self, DnsProxy, PastaStarter};
+use crate::network::{
+    NetworkSetup, DNS_PROXY_PORT, GATE_IF, GATE_V4, GATE_V6, LINK_MTU, SANDBOX_IF, SANDBOX_V4,
+    SANDBOX_V6,
+};
+
+/// Moves the caller (the bwrap launcher, root of the sandbox's user namespace, still in the
+/// host's network namespace) into a new user namespace nested in its own, mapping `ids` ids
+/// one to one, and a network namespace of that one, linked to a gate namespace that holds
+/// `setup`'s policy, the resolver proxy and pasta. Returns once the sandbox's namespace has its
+/// default route. Call while single-threaded (it forks). Failures name their cause.
+pub fn connect_gated(
+    starter: PastaStarter,
+    setup: &NetworkSetup,
+    log: &str,
+    ids: u32,
+) -> Result<(), String> {
+    // Forked while this process is in the host's network namespace: the proxy's sockets to the
+    // resolvers and the forwarder's to the bus are made there.
+    let proxy =
+        DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
+    let forwarder = setup
+        .bus_forward
+        .map(BusForwarder::fork)
+        .transpose()
+        .map_err(|e| format!("cannot fork the bus forward: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot make the sandbox's gate namespace: {e}"))?;
+    netns::loopback_up().map_err(|e| format!("cannot bring the gate's loopback up: {e}"))?;
+    let v6 = std::path::Path::new("/proc/net/if_inet6").exists();
+    enable_forwarding(v6)?;
+    let inner = nested_namespaces(ids, CloneFlags::CLONE_NEWNET)?;
+    ip(setup, &gate_link(inner.pid(), v6), "the gate's link")?;
+    netns::load_rules(setup)?;
+    proxy.hand_over(dns_listeners(v6)?)?;
+    netns::attach_pasta(starter, setup, log, nix::unistd::getpid())?;
+    let routed_v6 = v6 && netns::has_v6_default_route();
+    // Into the sandbox's namespaces, for good: from here this process (bwrap next) has no
+    // capability over the gate.
+    let user = inner
+        .open("user")
+        .map_err(|e| format!("cannot open the sandbox's user namespace: {e}"))?;
+    let net = inner
+        .open("net")
+        .map_err(|e| format!("cannot open the sandbox's network namespace: {e}"))?;
+    setns(user, CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("cannot enter the sandbox's user namespace: {e}"))?;
+    setns(net, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot enter the sandbox's network namespace: {e}"))?;
+    drop(inner);
+    ip(setup, &sandbox_link(routed_v6), "the sandbox's link")?;
+    if let (Some(forwarder), Some(bus)) = (forwarder, setup.bus_forward) {
+        forwarder.hand_over(&forward::listeners(bus.port())?)?;
+    }
+    Ok(())
+}
+
+/// Moves the caller into a new user namespace nested in its own (ids `0..ids` mapped one to
+/// one), for a sandbox without network: the same nesting as behind a gate, so the limits its
+/// starter sets in its own namespace stay out of the sandbox's reach (bwrap makes its network
+/// namespace, loopback only). Call while single-threaded (it forks).
+pub fn enter_nested(ids: u32) -> Result<(), String> {
+    let inner = nested_namespaces(ids, CloneFlags::empty())?;
+    let user = inner
+        .open("user")
+        .map_err(|e| format!("cannot open the sandbox's user namespace: {e}"))?;
+    setns(user, CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("cannot enter the sandbox's user namespace: {e}"))
+}
+
+/// A user namespace nested in the caller's, with ids `0..ids` the same ids, owning the
+/// namespaces of `others` made with it; held by a child until dropped.
+fn nested_namespaces(ids: u32, others: CloneFlags) -> Result<idmap_mount::HeldNamespaces, String> {
+    idmap_mount::hold_new_namespaces(None, others, |pid| {
+        // The caller is root of its namespace (CAP_SETUID and CAP_SETGID there), the parent
+        // of the new one: it may map any of its ids. A single-id namespace denies setgroups,
+        // and the nested one inherits that.
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{pid}/{file}"), format!("0 0 {ids}\n")).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot write the nested {file}: {e}"))
+            })?;
+        }
+        Ok(())
+    })
+    .map_err(|e| format!("cannot make the sandbox's nested namespaces: {e}"))
+}
+
+/// The gate routes between the sandbox's link and pasta's.
+fn enable_forwarding(v6: bool) -> Result<(), String> {
+    let mut knobs = vec!["/proc/sys/net/ipv4/ip_forward"];
+    if v6 {
+        knobs.push("/proc/sys/net/ipv6/conf/all/forwarding");
+    }
+    for knob in knobs {
+        std::fs::write(knob, "1").map_err(|e| format!("cannot write {knob}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// `ip -batch` lines that make the link, its sandbox end moved into `sandbox_pid`'s network
+/// namespace, and give the gate's end its addresses.
+fn gate_link(sandbox_pid: i32, v6: bool) -> String {
+    let mut batch = format!(
+        "link add {GATE_IF} mtu {LINK_MTU} type veth peer name {SANDBOX_IF} mtu {LINK_MTU} netns {sandbox_pid}\n\
+         addr add {GATE_V4}/24 dev {GATE_IF}\n"
+    );
+    if v6 {
+        batch.push_str(&format!("addr add {GATE_V6}/64 dev {GATE_IF} nodad\n"));
+    }
+    batch.push_str(&format!("link set {GATE_IF} up\n"));
+    batch
+}
+
+/// `ip -batch` lines that address the sandbox's end and route through the gate.
+fn sandbox_link(v6: bool) -> String {
+    let mut batch = format!(
+        "link set lo up\n\
+         addr add {SANDBOX_V4}/24 dev {SANDBOX_IF}\n\
+         link set {SANDBOX_IF} up\n\
+         route add default via {GATE_V4} dev {SANDBOX_IF}\n"
+    );
+    if v6 {
+        batch.push_str(&format!(
+            "addr add {SANDBOX_V6}/64 dev {SANDBOX_IF} nodad\n\
+             route add default via {GATE_V6} dev {SANDBOX_IF}\n"
+        ));
+    }
+    batch
+}
+
+/// The resolver proxy's sockets, on the gate's addresses (where the gate redirects every
+/// query the sandbox sends).
+fn dns_listeners(v6: bool) -> Result<Listeners, String> {
+    let bound = |e: std::io::Error| format!("cannot listen for the sandbox's DNS: {e}");
+    let v4: std::net::Ipv4Addr = GATE_V4.parse().map_err(|_| "bad gate address")?;
+    let mut listeners = Listeners {
+        udp: vec![std::net::UdpSocket::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
+        tcp: vec![std::net::TcpListener::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
+    };
+    if v6 {
+        let v6: std::net::Ipv6Addr = GATE_V6.parse().map_err(|_| "bad gate address")?;
+        listeners
+            .udp
+            .push(std::net::UdpSocket::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);
+        listeners
+            .tcp
+            .push(std::net::TcpListener::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);
+    }
+    Ok(listeners)
+}
+
+/// Runs `ip -batch -` with `batch` in this process's network namespace; its output goes to the
+/// sandbox log (stderr), never to fd 1, the agent's channel.
+fn ip(setup: &NetworkSetup, batch: &str, what: &str) -> Result<(), String> {
+    let log = || {
+        nix::unistd::dup(2)
+            // SAFETY: dup returned a new descriptor that nothing else owns.
+            .map(|fd| Stdio::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+            .unwrap_or_else(|_| Stdio::null())
+    };
+    let ip = &setup.ip;
+    let mut child = Command::new(ip)
+        .args(["-batch", "-"])
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(log())
+        .stderr(log())
+        .spawn()
+        .map_err(|e| format!("cannot run {ip} for {what}: {e}"))?;
+    let written = child
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(batch.as_bytes()));
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for {ip}: {e}"))?;
+    match written {
+        Some(Ok(())) if status.success() => Ok(()),
+        _ => Err(format!(
+            "{ip} could not set up {what} ({status}); nothing was started"
+        )),
+    }
+}
