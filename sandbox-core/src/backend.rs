@@ -108,16 +108,15 @@ pub trait SandboxProcess: Send + Sync {
 /// How much of each log a boot error carries.
 pub const LOG_TAIL_BYTES: usize = 1500;
 
-/// The last lines of each named log, as a suffix for an error message
-/// (`"; console log tail: ..."`); logs that are missing or empty add nothing.
+/// The last lines of each named log (its older half too, just after a rotation: see the
+/// `bounded-log` crate), as a suffix for an error message (`"; console log tail: ..."`); logs
+/// that are missing, empty or not regular files add nothing. Only the tail is read, however
+/// large the log.
 pub fn log_tails(logs: &[(&str, &Path)]) -> String {
     let mut out = String::new();
     for (name, path) in logs {
-        let bytes = std::fs::read(path).unwrap_or_default();
-        let start = bytes.len().saturating_sub(LOG_TAIL_BYTES);
-        let tail = String::from_utf8_lossy(&bytes[start..])
-            .trim()
-            .replace('\r', "");
+        let (bytes, _) = bounded_log::tail(path, LOG_TAIL_BYTES as u64).unwrap_or_default();
+        let tail = String::from_utf8_lossy(&bytes).trim().replace('\r', "");
         if !tail.is_empty() {
             out.push_str(&format!("; {name} log tail: {tail}"));
         }

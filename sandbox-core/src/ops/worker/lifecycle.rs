@@ -1,7 +1,7 @@
 //! Booting a worker VM, running its program, and ending it: gracefully on `stop`, at once
 //! when the adapter goes away, and by itself when the program exits.
 
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agent_proto::client::{AgentClient, AgentError, OutputChunk};
 use agent_proto::{ExecExit, ExecSpec};
-use tokio::io::AsyncWriteExt;
+use bounded_log::{BoundedFile, Start};
 use tokio::sync::{mpsc, watch};
 
 use super::guest_env::guest_env;
@@ -33,10 +33,6 @@ const LOG_CHANNEL_CHUNKS: usize = 8;
 const AGENT_GOODBYE: Duration = Duration::from_secs(2);
 /// How long a teardown may take once the VM is killed.
 const TEARDOWN_LIMIT: Duration = Duration::from_secs(30);
-/// A log past this size at a start is cut to its last [`LOG_KEPT_BYTES`]: a worker that
-/// restarts for months must not fill the disk.
-const LOG_TRIM_BYTES: u64 = 16 * 1024 * 1024;
-const LOG_KEPT_BYTES: u64 = 1024 * 1024;
 
 /// One boot of a worker VM.
 pub struct Run {
@@ -200,42 +196,33 @@ async fn boot<B: Backend>(
         let (sink, chunks) = mpsc::channel(LOG_CHANNEL_CHUNKS);
         let (outcome, ()) = tokio::join!(
             run.agent.exec_streaming(program, sink),
-            write_log(&vm_id, log, chunks)
+            write_log(log, chunks)
         );
         finish(&plugin, &vm_id, &run, outcome).await;
     });
     Ok(())
 }
 
-/// The worker's log, ready for this boot's output: whatever is not a regular file where it
-/// should be (a link left by an older version, which let the guest write `logs/`) is removed,
-/// never followed; a log over [`LOG_TRIM_BYTES`] is cut to its tail.
-fn open_log(vm_id: &str, path: &Path) -> io::Result<std::fs::File> {
+/// The worker's log, ready for this boot's output after the earlier boots' (see the
+/// `bounded-log` crate: `worker.log` and `worker.log.1`, each at most [`bounded_log::LIMIT`]
+/// bytes, rotated while the program writes, never more than [`bounded_log::CEILING`]).
+/// Whatever is not a regular file where it should be (a link left by an older version, which
+/// let the guest write `logs/`) is removed, never followed.
+fn open_log(vm_id: &str, path: &Path) -> io::Result<BoundedFile> {
     if safe_fs::remove_unless_regular(path)? {
         tracing::warn!(vm_id, "a worker VM's log was not a regular file: replaced");
     }
-    if let Err(e) = trim_log(path, LOG_TRIM_BYTES, LOG_KEPT_BYTES) {
-        tracing::warn!(vm_id, error = %e, "cannot trim a worker VM's log");
-    }
-    safe_fs::open_append(path)
+    BoundedFile::open(path, bounded_log::LIMIT, Start::Append)
 }
 
 /// Appends the program's output to its log as it arrives, stdout and stderr in the order they
-/// came; returns once the exec's output has ended. A write that fails (a full disk) loses its
-/// chunk, not the ones after it.
-async fn write_log(vm_id: &str, log: std::fs::File, mut chunks: mpsc::Receiver<OutputChunk>) {
-    let mut log = tokio::fs::File::from_std(log);
-    let mut warned = false;
+/// came; returns once the exec's output has ended. Written in place, like every bounded log's
+/// pipe (a chunk is at most a frame, into the page cache); a log that cannot be written (a
+/// full disk) drops the rest and says so once.
+async fn write_log(mut log: BoundedFile, mut chunks: mpsc::Receiver<OutputChunk>) {
     while let Some(chunk) = chunks.recv().await {
         let (OutputChunk::Stdout(data) | OutputChunk::Stderr(data)) = chunk;
-        if let Err(e) = log.write_all(&data).await {
-            if !std::mem::replace(&mut warned, true) {
-                tracing::warn!(vm_id, error = %e, "cannot write a worker VM's log");
-            }
-        }
-    }
-    if let Err(e) = log.flush().await {
-        tracing::warn!(vm_id, error = %e, "cannot write a worker VM's log");
+        log.write(&data);
     }
 }
 
@@ -324,91 +311,19 @@ pub async fn kill_run<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
     plugin.backend.release_layer(&run.layer);
 }
 
-/// The last `max_bytes` of `path` (nothing if it does not exist yet), and whether more came
-/// before them. A link or anything else but a regular file there is refused.
-pub fn tail(path: &Path, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
-    match safe_fs::open_read(path)? {
-        Some(file) => tail_of(file, max_bytes),
-        None => Ok((Vec::new(), false)),
-    }
-}
-
-fn tail_of(mut file: std::fs::File, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
-    let length = file.metadata()?.len();
-    let start = length.saturating_sub(max_bytes);
-    file.seek(SeekFrom::Start(start))?;
-    let mut content = Vec::new();
-    file.take(max_bytes).read_to_end(&mut content)?;
-    Ok((content, start > 0))
-}
-
-/// Cuts `path` to its last `keep` bytes when it is over `limit` (nothing writes to it: the
-/// VM is not running): the tail goes to a new file beside it, renamed over it. Neither the log
-/// nor the temporary is followed if it is a link.
-fn trim_log(path: &Path, limit: u64, keep: u64) -> io::Result<()> {
-    let Some(file) = safe_fs::open_read(path)? else {
-        return Ok(());
-    };
-    if file.metadata()?.len() <= limit {
-        return Ok(());
-    }
-    let (content, _) = tail_of(file, keep)?;
-    let temporary = path.with_extension("log.tmp");
-    safe_fs::write_new(&temporary, &content)?;
-    std::fs::rename(&temporary, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_log_over_the_limit_keeps_its_tail() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("worker.log");
-        trim_log(&log, 4, 2).unwrap();
-        assert!(!log.exists());
-        std::fs::write(&log, b"abcd").unwrap();
-        trim_log(&log, 4, 2).unwrap();
-        assert_eq!(std::fs::read(&log).unwrap(), b"abcd");
-        std::fs::write(&log, b"abcde").unwrap();
-        trim_log(&log, 4, 2).unwrap();
-        assert_eq!(std::fs::read(&log).unwrap(), b"de");
-    }
-
-    #[test]
-    fn trimming_never_writes_through_a_link() {
-        let dir = tempfile::tempdir().unwrap();
-        let canary = dir.path().join("canary");
-        std::fs::write(&canary, b"host file").unwrap();
-        let log = dir.path().join("worker.log");
-        let temporary = dir.path().join("worker.log.tmp");
-        // A regular log over the limit and a link where the temporary goes.
-        std::fs::write(&log, b"abcde").unwrap();
-        std::os::unix::fs::symlink(&canary, &temporary).unwrap();
-        trim_log(&log, 4, 2).unwrap();
-        assert_eq!(std::fs::read(&log).unwrap(), b"de");
-        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
-        assert!(!temporary.exists(), "the temporary is renamed away");
-        // The log itself a link to a file over the limit: refused, nothing written.
-        std::fs::remove_file(&log).unwrap();
-        std::os::unix::fs::symlink(&canary, &log).unwrap();
-        assert!(trim_log(&log, 4, 2).is_err());
-        assert!(tail(&log, 100).is_err(), "tail refuses a link");
-        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
-        assert!(std::fs::symlink_metadata(&log).unwrap().is_symlink());
-    }
-
-    #[test]
     fn the_log_opened_at_a_start_replaces_a_link_and_appends_to_a_file() {
-        use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let canary = dir.path().join("canary");
         std::fs::write(&canary, b"host file").unwrap();
         let log = dir.path().join("worker.log");
         std::os::unix::fs::symlink(&canary, &log).unwrap();
-        open_log("w", &log).unwrap().write_all(b"one\n").unwrap();
-        open_log("w", &log).unwrap().write_all(b"two\n").unwrap();
+        open_log("w", &log).unwrap().write(b"one\n");
+        open_log("w", &log).unwrap().write(b"two\n");
         assert_eq!(std::fs::read(&log).unwrap(), b"one\ntwo\n");
         assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
     }
@@ -418,8 +333,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("worker.log");
         let (sink, chunks) = mpsc::channel(1);
-        let file = safe_fs::open_append(&log).unwrap();
-        let writer = tokio::spawn(async move { write_log("w", file, chunks).await });
+        let file = open_log("w", &log).unwrap();
+        let writer = tokio::spawn(write_log(file, chunks));
         for chunk in [
             OutputChunk::Stdout(b"out1 ".to_vec()),
             OutputChunk::Stderr(b"err1 ".to_vec()),
@@ -432,14 +347,23 @@ mod tests {
         assert_eq!(std::fs::read(&log).unwrap(), b"out1 err1 out2");
     }
 
-    #[test]
-    fn tail_keeps_the_last_bytes_and_says_when_it_cut() {
+    #[tokio::test]
+    async fn a_flood_of_output_keeps_the_log_within_its_ceiling() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("worker.log");
-        assert_eq!(tail(&log, 10).unwrap(), (Vec::new(), false));
-        std::fs::write(&log, b"0123456789abc").unwrap();
-        assert_eq!(tail(&log, 3).unwrap(), (b"abc".to_vec(), true));
-        assert_eq!(tail(&log, 13).unwrap(), (b"0123456789abc".to_vec(), false));
-        assert_eq!(tail(&log, 100).unwrap(), (b"0123456789abc".to_vec(), false));
+        let (sink, chunks) = mpsc::channel(1);
+        let writer = tokio::spawn(write_log(open_log("w", &log).unwrap(), chunks));
+        for n in 0..40 {
+            let mut chunk = vec![b'x'; 256 << 10];
+            chunk.extend_from_slice(format!("chunk {n}\n").as_bytes());
+            sink.send(OutputChunk::Stdout(chunk)).await.unwrap();
+        }
+        drop(sink);
+        writer.await.unwrap();
+        let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+        let older = bounded_log::rotated(&log);
+        assert!(size(&log) + size(&older) <= bounded_log::CEILING);
+        let (tail, cut) = bounded_log::tail(&log, 9).unwrap();
+        assert_eq!((tail.as_slice(), cut), (&b"chunk 39\n"[..], true));
     }
 }

@@ -7,7 +7,8 @@
 //! The guest sees the host directory read-only at `/worker` (minus the Compose file) and its
 //! own `data/` read-write at `/state`; its program runs as one exec without timeout, and the
 //! adapter appends the output streamed back by the agent to `logs/worker.log`, a directory
-//! no guest sees (opened without following links: see [`safe_fs`]).
+//! no guest sees (opened without following links: see [`safe_fs`]), rotated into
+//! `worker.log.1` while it is written (the `bounded-log` crate: never more than 4 MiB).
 //!
 //! Each VM's operations are serialised by a per-`vm_id` lock; `status` and `logs` only read.
 
@@ -355,7 +356,7 @@ fn logs<B: Backend>(
     };
     plugin.workers.load(&request.vm_id)?;
     let path = plugin.workers.dirs.log_file(&request.vm_id);
-    let (content, truncated) = lifecycle::tail(&path, max_bytes)
+    let (content, truncated) = bounded_log::tail(&path, max_bytes)
         .map_err(|e| internal(&request.vm_id, "read the log of", e))?;
     Ok(json!({
         "vm_id": request.vm_id,
