@@ -28,6 +28,10 @@ const LAUNCHER: &str = "sandbox-bwrap-launch";
 const GROUP_FILE: &str = "cgroup";
 /// The sandbox's `/etc/resolv.conf` (egress on), in its layer.
 const RESOLV_FILE: &str = "resolv.conf";
+/// The sandbox's log (`sandbox.log` and its older half `sandbox.log.1`) in its layer.
+const LOG_FILE: &str = "sandbox.log";
+/// How long a stop waits for the sandbox's log to take in what its last processes wrote.
+const LOG_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct BwrapBackend {
     bwrap: Option<PathBuf>,
@@ -232,13 +236,25 @@ impl Backend for BwrapBackend {
         } else {
             None
         };
+        // The launcher's stderr since it started, and so bwrap's, the agent's, pasta's and
+        // the resolver proxy's: a pipe this adapter copies into the sandbox's log, rotated at
+        // a fixed size (see the `bounded-log` crate; why the adapter and not a process of the
+        // sandbox pumps it: the README's "Logs"). A worker VM's persistent layer keeps the
+        // log of its earlier boots.
+        let log = bounded_log::pump(
+            launcher.log,
+            &spec.layer_dir.join(LOG_FILE),
+            bounded_log::LIMIT,
+            bounded_log::Start::Append,
+        )
+        .map_err(|e| boot_error("cannot open the sandbox's log", e))?;
         let command = LaunchCommand {
             lower: path(&spec.image_root),
             layer: path(&spec.layer_dir),
             upper,
             work,
             merged: path(&merged),
-            log: path(&spec.layer_dir.join("sandbox.log")),
+            log: crate::launch::LOG_IN_LAUNCHER.into(),
             bwrap: path(bwrap),
             args: bwrap_args(spec, &mounts, &merged),
             network,
@@ -263,6 +279,7 @@ impl Backend for BwrapBackend {
             process: Box::new(BwrapProcess {
                 process: ChildProcess::new(child),
                 group,
+                log,
             }),
         })
     }
@@ -282,7 +299,7 @@ impl Backend for BwrapBackend {
     }
 
     fn boot_logs(&self, layer_dir: &Path) -> String {
-        sandbox_core::log_tails(&[("sandbox", &layer_dir.join("sandbox.log"))])
+        sandbox_core::log_tails(&[("sandbox", &layer_dir.join(LOG_FILE))])
     }
 
     fn state_group(&self) -> Option<u32> {
@@ -474,6 +491,8 @@ fn mount_args(mounts: &[GuestMount]) -> Vec<String> {
 /// bwrap, plus the sandbox's cgroups to remove once it is gone.
 struct BwrapProcess {
     process: ChildProcess,
+    /// Done once the last writer of the sandbox's log is gone and all it wrote is on disk.
+    log: bounded_log::Drained,
     group: String,
 }
 
@@ -490,6 +509,8 @@ impl SandboxProcess for BwrapProcess {
     async fn kill(&self) {
         // Killing bwrap kills PID 1 of the sandbox's namespace, and with it every process.
         self.process.kill().await;
+        // Their last words, in the log before anyone reads its tail (a boot error's).
+        let _ = tokio::time::timeout(LOG_DRAIN, self.log.wait()).await;
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
         let group = self.group.clone();
         let _ = tokio::task::spawn_blocking(move || cgroup::remove(&group)).await;

@@ -1,10 +1,16 @@
-//! cpus, memory and pids limits through cgroups, as far as the host allows: cgroup v2
-//! (`cpu.max`, `memory.max`, `pids.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`,
-//! `pids.max`) under `sandbox-libkrun/<group>`. Where no writable hierarchy exists the sandbox runs without
-//! limits, and a debug log says so.
+//! cpus, memory and pids limits through cgroups: cgroup v2 (`cpu.max`, `memory.max`,
+//! `pids.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`, `pids.max`). Limits fail
+//! closed: a group that cannot be made or a limit that cannot be written stops the create
+//! (S300 naming the limit), and a launcher that cannot join its group does not start its
+//! sandbox. A host where the adapter can make no groups at all (an ordinary user without a
+//! delegated cgroup) is reported by [`Instance::missing`]: the core then refuses creates
+//! unless `allow_unbounded_sandboxes`.
 //!
-//! Groups are made for a launcher before its sandbox is known (see `launch.rs`), so they are
-//! named `launcher-<uuid>`; each sandbox's layer records the name of the group it got.
+//! Every group lies in this adapter's own instance directory, `<parent>/adapter-<uuid>`,
+//! locked while the adapter lives (see `instance.rs`), so adapters sharing a host never
+//! remove each other's groups. Groups are made for a launcher before its sandbox is known
+//! (see `launch.rs`), so they are named `launcher-<uuid>`; each sandbox's layer records that
+//! name.
 //!
 //! Placement (v2): when the adapter's own cgroup (`/proc/self/cgroup`) is not the root and is
 //! writable by it (a delegated subtree: systemd's `Delegate=yes`, a container's cgroup
@@ -17,10 +23,14 @@
 //! (v1 lets processes and child groups share a group, so the adapter stays where it is).
 //! Otherwise `sandbox-libkrun/` at the hierarchy's root as before.
 
+mod instance;
+
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+pub use instance::Instance;
 
 const ROOT: &str = "/sys/fs/cgroup";
 const GROUP: &str = "sandbox-libkrun";
@@ -29,6 +39,34 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// The controllers a group uses: on v2 enabled in `cgroup.subtree_control`, on v1 one
 /// hierarchy each.
 const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+
+/// What an operator does so that an ordinary user's adapter can bound its sandboxes.
+pub const HOW_TO_DELEGATE: &str = "Give the adapter's user a delegated cgroup and start the \
+adapter in it: on cgroup v2 run it as a systemd user service or scope with Delegate=yes (e.g. \
+`systemd-run --user --scope -p Delegate=yes sandbox-libkrun ...`; the user manager must \
+delegate the memory, cpu and pids controllers, Delegate=memory cpu pids in user@.service); \
+on cgroup v1 a group in each of the memory, cpu and pids hierarchies owned by that user \
+(its directory, cgroup.procs and tasks), as tests/e2e/delegate-cgroup.sh makes one";
+
+/// The limit (as `limits_in_force` names it) a controller holds.
+fn limit_of(controller: &str) -> &'static str {
+    match controller {
+        "memory" => "memory",
+        "cpu" => "cpus",
+        _ => "pids",
+    }
+}
+
+/// The control file of `limit` in a group.
+fn limit_file(v2: bool, limit: &str) -> &'static str {
+    match (v2, limit) {
+        (true, "memory") => "memory.max",
+        (false, "memory") => "memory.limit_in_bytes",
+        (true, "cpus") => "cpu.max",
+        (false, "cpus") => "cpu.cfs_quota_us",
+        _ => "pids.max",
+    }
+}
 
 /// Where this adapter's groups are made: one parent on v2, one per controller on v1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,89 +239,113 @@ fn require_writable(own: &Path, files: &[&str]) -> io::Result<()> {
     Ok(())
 }
 
-/// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox.
+/// The cgroups (one per hierarchy on v1, one on v2) of one launcher and then its sandbox,
+/// in this adapter's instance.
 pub struct Group {
     name: String,
-    dirs: Vec<PathBuf>,
-    /// The unified hierarchy (one dir, `cpu.max` / `memory.max`), else v1.
+    /// Each directory with the limits it holds.
+    dirs: Vec<(PathBuf, Vec<&'static str>)>,
     v2: bool,
 }
 
+/// A limit that could not be written: the sandbox is not started.
+#[derive(Debug)]
+pub struct LimitError {
+    pub limit: &'static str,
+    pub file: PathBuf,
+    pub source: io::Error,
+}
+
+impl std::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot set the sandbox's {} limit ({}): {}",
+            self.limit,
+            self.file.display(),
+            self.source
+        )
+    }
+}
+
+impl std::error::Error for LimitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 impl Group {
-    /// Makes a fresh group in every writable hierarchy. Failures only cost the limits.
-    pub fn create() -> Self {
-        let name = format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4());
-        let placement = Placement::get();
-        let dirs = placement
-            .parents
-            .iter()
-            .map(|parent| parent.join(&name))
-            .filter(|dir| fs::create_dir_all(dir).is_ok())
-            .collect();
-        Self {
-            name,
-            dirs,
-            v2: placement.v2,
+    /// Makes a fresh group in each of `instance`'s directories (none where the instance has
+    /// none: an adapter allowed to run sandboxes unbounded). Fails, leaving nothing, when one
+    /// cannot be made: its limits would not hold.
+    pub fn create(instance: &Instance) -> io::Result<Self> {
+        let group = Self {
+            name: format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4()),
+            dirs: Vec::new(),
+            v2: instance.v2,
+        };
+        let mut group = group;
+        for (parent, limits) in &instance.dirs {
+            let dir = parent.join(&group.name);
+            if let Err(e) = fs::create_dir(&dir) {
+                group.remove_if_empty();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot make the sandbox's cgroup {} (for its {} limit): {e}",
+                        dir.display(),
+                        limits.join(", ")
+                    ),
+                ));
+            }
+            group.dirs.push((dir, limits.clone()));
         }
+        Ok(group)
     }
 
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The limits this group can hold (`cpus`, `memory`, `pids`), from the control files it
-    /// has.
-    pub fn enforceable(&self) -> Vec<&'static str> {
-        let has = |file: &str| self.dirs.iter().any(|dir| dir.join(file).exists());
-        let (cpu, memory) = if self.v2 {
-            ("cpu.max", "memory.max")
-        } else {
-            ("cpu.cfs_quota_us", "memory.limit_in_bytes")
-        };
-        [("cpus", cpu), ("memory", memory), ("pids", "pids.max")]
-            .into_iter()
-            .filter(|(_, file)| has(file))
-            .map(|(limit, _)| limit)
-            .collect()
+    /// The group's directories (what `remove_dirs` takes).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(dir, _)| dir.clone()).collect()
     }
 
     /// The `cgroup.procs` files a process writes to join the group.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
-            .map(|dir| dir.join("cgroup.procs"))
+            .map(|(dir, _)| dir.join("cgroup.procs"))
             .collect()
     }
 
-    /// Writes the sandbox's limits; true when all three are enforced.
-    pub fn set_limits(&self, cpus: u32, memory_mb: u32, pids: u32) -> bool {
-        let memory = (u64::from(memory_mb) * 1024 * 1024).to_string();
+    /// Writes every limit the group holds; the first that cannot be written is the error.
+    pub fn set_limits(&self, cpus: u32, memory_mb: u32, pids: u32) -> Result<(), LimitError> {
         let quota = u64::from(cpus) * CPU_PERIOD_US;
-        let pids = pids.to_string();
-        let (mut memory_set, mut cpu_set, mut pids_set) = (false, false, false);
-        for dir in &self.dirs {
-            let write = |file: &str, value: &str| fs::write(dir.join(file), value).is_ok();
-            let v1 = |controller: &str| dir.starts_with(Path::new(ROOT).join(controller));
-
-            if self.v2 {
-                memory_set = write("memory.max", &memory);
-                cpu_set = write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
-                pids_set = write("pids.max", &pids);
-            } else if v1("memory") {
-                memory_set = write("memory.limit_in_bytes", &memory);
-            } else if v1("pids") {
-                pids_set = write("pids.max", &pids);
-            } else {
-                cpu_set = write("cpu.cfs_quota_us", &quota.to_string());
+        for (dir, limits) in &self.dirs {
+            for &limit in limits {
+                let value = match (limit, self.v2) {
+                    ("memory", _) => (u64::from(memory_mb) * 1024 * 1024).to_string(),
+                    ("cpus", true) => format!("{quota} {CPU_PERIOD_US}"),
+                    ("cpus", false) => quota.to_string(),
+                    _ => pids.to_string(),
+                };
+                let file = dir.join(limit_file(self.v2, limit));
+                fs::write(&file, value).map_err(|source| LimitError {
+                    limit,
+                    file,
+                    source,
+                })?;
             }
         }
-        memory_set && cpu_set && pids_set
+        Ok(())
     }
 
     /// Removes the group now if it is empty, without waiting (a group still busy with an
-    /// exiting process is left to the next start's sweep).
+    /// exiting process is left to `remove` by name, or to a later start's sweep).
     pub fn remove_if_empty(&self) {
-        for dir in &self.dirs {
+        for (dir, _) in &self.dirs {
             let _ = fs::remove_dir(dir);
         }
     }
@@ -292,22 +354,41 @@ impl Group {
 /// How long `remove` waits for a group's last processes to finish exiting.
 const EMPTY_WAIT: Duration = Duration::from_secs(2);
 
-/// Removes the groups named `name` whose processes are gone or dying (also for leftovers of
-/// an earlier run). Blocks up to [`EMPTY_WAIT`] in all (one deadline for every hierarchy, not
-/// one each): right after bwrap is killed, the sandbox's PID 1 and its children are still
-/// exiting and the kernel refuses the rmdir with EBUSY, which used to leave one empty group
-/// behind per unlucky stop.
+/// Removes the groups named `name` (a sandbox's, as its layer records it; also one of an
+/// earlier run) whose processes are gone or dying, in whichever instance holds them. Blocks
+/// up to [`EMPTY_WAIT`] in all (one deadline for every hierarchy, not one each): right after
+/// bwrap is killed, the sandbox's PID 1 and its children are still exiting and the kernel
+/// refuses the rmdir with EBUSY, which used to leave one empty group behind per unlucky stop.
 pub fn remove(name: &str) {
-    let deadline = Instant::now() + EMPTY_WAIT;
-    for parent in hierarchies() {
-        remove_when_empty(&parent.join(name), deadline);
+    if is_group_name(name) {
+        remove_dirs(&find(name));
     }
 }
 
-/// Removes the empty groups of launchers that never got a sandbox (an adapter killed with
-/// one waiting). A group still in use, by a launcher of another adapter, stays.
-pub fn sweep_unused_launcher_groups() {
+/// A name `Group::create` makes (what a layer's record must be to be searched for).
+fn is_group_name(name: &str) -> bool {
+    name.strip_prefix(LAUNCHER_PREFIX).is_some_and(|rest| {
+        !rest.is_empty() && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+    })
+}
+
+/// Removes the group directories `dirs` (a live sandbox's own), waiting as `remove` does.
+pub fn remove_dirs(dirs: &[PathBuf]) {
+    let deadline = Instant::now() + EMPTY_WAIT;
+    for dir in dirs {
+        remove_when_empty(dir, deadline);
+    }
+}
+
+/// Group `name` wherever it lies: in an instance of a parent, or (made by an earlier
+/// version) right in the parent.
+fn find(name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
     for parent in hierarchies() {
+        let legacy = parent.join(name);
+        if legacy.is_dir() {
+            found.push(legacy);
+        }
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
         };
@@ -315,12 +396,22 @@ pub fn sweep_unused_launcher_groups() {
             if entry
                 .file_name()
                 .to_string_lossy()
-                .starts_with(LAUNCHER_PREFIX)
+                .starts_with(instance::INSTANCE_PREFIX)
             {
-                let _ = fs::remove_dir(entry.path());
+                let dir = entry.path().join(name);
+                if dir.is_dir() {
+                    found.push(dir);
+                }
             }
         }
     }
+    found
+}
+
+/// Removes what adapters that are gone left (their instances and empty groups, and groups
+/// earlier versions made right in a parent); another live adapter's groups stay.
+pub fn sweep_dead_instances() {
+    instance::sweep_dead_instances(&hierarchies());
 }
 
 /// Where groups of this adapter are, and where earlier versions made them.
@@ -402,6 +493,60 @@ mod tests {
             "0"
         );
         assert!(placement.describe().contains("delegated"));
+    }
+
+    #[test]
+    fn a_limit_that_cannot_be_written_is_an_error_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("launcher-x");
+        std::fs::create_dir(&dir).unwrap();
+        let group = Group {
+            name: "launcher-x".into(),
+            dirs: vec![(dir.clone(), vec!["memory", "pids"])],
+            v2: false,
+        };
+        group.set_limits(2, 128, 64).unwrap();
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+        assert_eq!(read("memory.limit_in_bytes"), (128u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "64");
+        // A directory where the pids limit's file is: the write fails.
+        std::fs::remove_file(dir.join("pids.max")).unwrap();
+        std::fs::create_dir(dir.join("pids.max")).unwrap();
+        let error = group.set_limits(2, 128, 64).unwrap_err();
+        assert_eq!(error.limit, "pids");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("cannot set the sandbox's pids limit (")
+                && message.contains("pids.max"),
+            "{message}"
+        );
+        // v2: one directory holds all three.
+        let v2 = Group {
+            name: "launcher-y".into(),
+            dirs: vec![(root.path().to_path_buf(), vec!["cpus", "memory", "pids"])],
+            v2: true,
+        };
+        v2.set_limits(2, 1, 10).unwrap();
+        let read = |file: &str| std::fs::read_to_string(root.path().join(file)).unwrap();
+        assert_eq!(read("cpu.max"), "200000 100000");
+        assert_eq!(read("memory.max"), "1048576");
+    }
+
+    #[test]
+    fn remove_takes_only_a_launcher_groups_name() {
+        let made = format!("{LAUNCHER_PREFIX}{}", uuid::Uuid::new_v4());
+        assert!(is_group_name(&made));
+        // Names a layer's record could carry that are no group of ours: never searched for.
+        for name in [
+            "",
+            "launcher-",
+            "adapter-1",
+            "launcher-1/../..",
+            "../launcher-1",
+            "memory",
+        ] {
+            assert!(!is_group_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 /// Upper bound of one message: paths and bwrap's arguments, never file contents.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
+/// The sandbox's log as the launcher's helpers name it: their stderr, inherited from the
+/// launcher, whose stderr the adapter made a pipe into the log it keeps within its bound.
+pub const LOG_IN_LAUNCHER: &str = "/proc/self/fd/2";
+
 /// Everything the launcher needs once the sandbox is known.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchCommand {
@@ -25,7 +29,9 @@ pub struct LaunchCommand {
     pub upper: String,
     pub work: String,
     pub merged: String,
-    /// The sandbox's log: the launcher's and bwrap's stderr from here on.
+    /// Where a helper of the launcher (pasta's starter) opens the sandbox's log: its own
+    /// stderr, inherited from the launcher, which the adapter started as a pipe into the log
+    /// (see [`LOG_IN_LAUNCHER`]).
     pub log: String,
     /// bwrap's path and arguments; it runs with an empty environment.
     pub bwrap: String,

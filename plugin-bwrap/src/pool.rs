@@ -18,6 +18,9 @@ use crate::userns::IdMap;
 pub struct Launcher {
     pub child: Child,
     pub group: Group,
+    /// The read end of the launcher's stderr, a pipe from its start: the sandbox's log once
+    /// a create takes the launcher (see `backend.rs`).
+    pub log: io::PipeReader,
 }
 
 pub struct LauncherPool {
@@ -60,6 +63,13 @@ impl LauncherPool {
 
     fn start(&self) -> io::Result<Launcher> {
         let group = Group::create();
+        let (log, stderr) = match io::pipe() {
+            Ok(pipe) => pipe,
+            Err(e) => {
+                group.remove_if_empty();
+                return Err(e);
+            }
+        };
         let mut command = Command::new(&self.program);
         command.arg("--parent").arg(std::process::id().to_string());
         command.arg("--id-map").arg(self.id_map.to_arg());
@@ -70,11 +80,11 @@ impl LauncherPool {
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(stderr))
             .kill_on_drop(true)
             .spawn();
         match child {
-            Ok(child) => Ok(Launcher { child, group }),
+            Ok(child) => Ok(Launcher { child, group, log }),
             Err(e) => {
                 group.remove_if_empty();
                 Err(e)
@@ -120,7 +130,9 @@ impl Drop for LauncherPool {
 /// left one empty group behind per discard. Without a runtime (the pool dropped at exit) the
 /// group goes if it is already empty, else to the next start's sweep.
 fn discard(launcher: Launcher) {
-    let Launcher { mut child, group } = launcher;
+    let Launcher {
+        mut child, group, ..
+    } = launcher;
     let _ = child.start_kill();
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {

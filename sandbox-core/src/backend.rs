@@ -16,6 +16,17 @@ use crate::error::SandboxError;
 #[error("{0}")]
 pub struct HostUnfit(pub String);
 
+/// How a backend bounds each sandbox's cpus, memory and pids on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounds {
+    /// Every one holds; the text says by what.
+    Held(String),
+    /// Not every one can hold here: the text names what is missing, why, and how to give the
+    /// adapter what it needs. A boot is then refused (S300) unless the configuration sets
+    /// `allow_unbounded_sandboxes`.
+    Missing(String),
+}
+
 /// Everything a backend needs to start one sandbox.
 #[derive(Debug, Clone)]
 pub struct BootSpec {
@@ -212,6 +223,12 @@ pub trait Backend: Send + Sync + 'static {
     /// limits are in force), for `adapter::info.backend.isolation`; null when it says nothing.
     fn isolation(&self) -> serde_json::Value {
         serde_json::Value::Null
+    }
+
+    /// Whether this host lets the backend bound every sandbox's cpus, memory and pids (see
+    /// [`Bounds`]); decided once at start-up.
+    fn bounds(&self) -> Bounds {
+        Bounds::Held("the backend's own".into())
     }
 }
 

@@ -64,6 +64,10 @@ pub struct Config {
     pub egress: crate::network::Egress,
     /// Image name -> how many sandboxes of it to keep booted and idle (see `warm_pool.rs`).
     pub warm_pool: BTreeMap<String, usize>,
+    /// A backend that cannot bound a sandbox's cpus, memory and pids on this host (bwrap
+    /// run by an ordinary user without a delegated cgroup) boots it anyway, saying so in
+    /// `adapter::info` and each create's log line; false: such a create is S300.
+    pub allow_unbounded_sandboxes: bool,
 }
 
 /// `max_pids_per_sandbox` when the configuration names none.
@@ -98,6 +102,7 @@ impl Default for Config {
             max_memory_mb: (host_memory_mb() / 2).max(512),
             egress: crate::network::Egress::default(),
             warm_pool: BTreeMap::new(),
+            allow_unbounded_sandboxes: false,
         }
     }
 }
@@ -155,6 +160,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "network_deny",
     "network_dns",
     "warm_pool",
+    "allow_unbounded_sandboxes",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -253,6 +259,10 @@ impl Config {
         if let Some(value) = object.get("warm_pool") {
             config.warm_pool = parse_warm_pool(value, config.max_concurrent_sandboxes)?;
         }
+        keys.read(
+            "allow_unbounded_sandboxes",
+            &mut config.allow_unbounded_sandboxes,
+        )?;
 
         if let Some(name) = config
             .custom_images
@@ -523,6 +533,14 @@ mod tests {
             ),
             (json!({"warm_pool": {"": 1}}), "key `warm_pool.`"),
             (
+                json!({"allow_unbounded_sandboxes": "yes"}),
+                "key `allow_unbounded_sandboxes`",
+            ),
+            (
+                json!({"allow_unbounded_sandboxes": 1}),
+                "key `allow_unbounded_sandboxes`",
+            ),
+            (
                 json!({"warm_pool": {"python": 2, "node": 2}, "max_concurrent_sandboxes": 3}),
                 "key `warm_pool`: 4 sandboxes in all, above `max_concurrent_sandboxes` (3)",
             ),
@@ -541,6 +559,12 @@ mod tests {
     fn ceilings_default_to_the_host_and_never_refuse_the_defaults() {
         let config = Config::from_json(&json!({})).unwrap();
         assert_eq!(config.max_pids_per_sandbox, 1024);
+        assert!(
+            !config.allow_unbounded_sandboxes,
+            "limits fail closed by default"
+        );
+        let allowed = Config::from_json(&json!({"allow_unbounded_sandboxes": true})).unwrap();
+        assert!(allowed.allow_unbounded_sandboxes);
         assert_eq!(
             (config.default_disk_mb, config.max_disk_mb),
             (1024, 16 * 1024)

@@ -375,7 +375,7 @@ pub(crate) fn hand_out<B: Backend>(
     let sandbox = plugin.registry.adopt(new_sandbox(plugin, fresh, options));
     crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
     plugin.pool.handed_out.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(sandbox_id = %sandbox.id, image = %sandbox.image, "sandbox handed out from the warm pool");
+    tracing::info!(sandbox_id = %sandbox.id, image = %sandbox.image, bounded = crate::ops::create::bounded(plugin), "sandbox handed out from the warm pool");
     sandbox
 }
 

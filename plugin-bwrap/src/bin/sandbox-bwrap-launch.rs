@@ -8,21 +8,22 @@
 //! `sandbox-bwrap-launch --remove-tree PATH --id-map MAP` to remove a tree a sandbox's ids
 //! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`).
 //!
-//! stdout is the agent's channel from the start, so nothing is ever written there. Every
-//! failure ends up in the sandbox log named by the command (what the adapter shows in a boot
-//! error); failures before the command arrives are kept until then.
+//! stdout is the agent's channel from the start, so nothing is ever written there. stderr is a
+//! pipe into the sandbox's log, which the adapter keeps within a bound (what it shows in a
+//! boot error); failures before the command arrives are kept until then (an unused launcher
+//! writes nothing).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use nix::mount::{mount, MsFlags};
 use nix::sys::signal::Signal;
-use nix::unistd::{dup2, getppid, Pid};
+use nix::unistd::{getppid, Pid};
 use plugin_bwrap::fuse_disk;
 use plugin_bwrap::launch::LaunchCommand;
 use plugin_bwrap::netns::PastaStarter;
@@ -57,12 +58,9 @@ fn main() -> ExitCode {
         // nobody reads a log, and there is none to write to.
         Err(_) => return ExitCode::from(1),
     };
-    let error = match into_log(&command.log) {
-        Ok(()) => match setup.and_then(|prepared| launch(&command, prepared)) {
-            Ok(never) => match never {},
-            Err(e) => e,
-        },
-        Err(e) => format!("cannot open the sandbox log {}: {e}", command.log),
+    let error = match setup.and_then(|prepared| launch(&command, prepared)) {
+        Ok(never) => match never {},
+        Err(e) => e,
     };
     eprintln!("sandbox-bwrap-launch: {error}");
     ExitCode::from(1)
@@ -130,13 +128,6 @@ fn prepare(args: Vec<String>) -> Result<Prepared, String> {
 
 fn private_mount_namespace() -> Result<(), String> {
     idmap_mount::private_mount_namespace().map_err(|e| e.to_string())
-}
-
-/// Points stderr at the sandbox's log.
-fn into_log(log: &str) -> std::io::Result<()> {
-    let file = OpenOptions::new().create(true).append(true).open(log)?;
-    dup2(file.as_raw_fd(), 2)?;
-    Ok(())
 }
 
 /// Mounts the overlay root, enters the sandbox's user namespace and execs bwrap; returns

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::backend::{Backend, BootSpec};
+use crate::backend::{Backend, BootSpec, Bounds};
 use crate::error::SandboxError;
 use crate::images;
 use crate::plugin::SandboxPlugin;
@@ -134,7 +134,7 @@ pub async fn create_sandbox<B: Backend>(
     // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
     tracing::info!(
         sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb,
-        image_ms, layer_ms, boot_ms, hello_ms, "sandbox created"
+        image_ms, layer_ms, boot_ms, hello_ms, bounded = bounded(plugin), "sandbox created"
     );
     Ok(sandbox)
 }
@@ -380,5 +380,21 @@ pub(crate) fn check_host_can_boot<B: Backend>(
             plugin.agent_path.display()
         )));
     }
+    // Limits fail closed: a sandbox this host cannot bound boots only when the operator said
+    // it may.
+    if let Bounds::Missing(missing) = plugin.backend.bounds() {
+        if !plugin.config.allow_unbounded_sandboxes {
+            return Err(SandboxError::BootFailed(format!(
+                "this host cannot bound a sandbox's cpus, memory and pids: {missing}; or set \
+                 `allow_unbounded_sandboxes: true` to run sandboxes without those limits"
+            )));
+        }
+    }
     Ok(())
+}
+
+/// Whether the sandboxes this plugin boots hold their cpus, memory and pids limits (false
+/// only where `allow_unbounded_sandboxes` let them boot without): for each create's log line.
+pub(crate) fn bounded<B: Backend>(plugin: &SandboxPlugin<B>) -> bool {
+    matches!(plugin.backend.bounds(), Bounds::Held(_))
 }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Bounds};
 use crate::functions::CONTRACT;
 use crate::plugin::SandboxPlugin;
 
@@ -36,8 +36,32 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
             "ready": probe.is_ok(),
             "reason": probe.err().map(|e| e.to_string()),
             "isolation": plugin.backend.isolation(),
+            "limits": limits(plugin),
         },
         "warm_pool": plugin.pool.status(),
         "boots": plugin.pool.boots(),
     })
+}
+
+/// Whether sandboxes' cpus, memory and pids are bounded here, by what, and what a create
+/// does where they cannot be (`allow_unbounded_sandboxes`).
+fn limits<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
+    let allowed = plugin.config.allow_unbounded_sandboxes;
+    match plugin.backend.bounds() {
+        Bounds::Held(by) => json!({
+            "bounded": true,
+            "by": by,
+            "allow_unbounded_sandboxes": allowed,
+        }),
+        Bounds::Missing(missing) => json!({
+            "bounded": false,
+            "missing": missing,
+            "allow_unbounded_sandboxes": allowed,
+            "creates": if allowed {
+                "sandboxes are created NOT bounded: their cpus, memory and pids hold no limit (allow_unbounded_sandboxes: true)"
+            } else {
+                "refused (S300) until the adapter can bound them, or allow_unbounded_sandboxes: true"
+            },
+        }),
+    }
 }
