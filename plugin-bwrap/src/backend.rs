@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, GuestMount, HostUnfit, SandboxError, SandboxProcess,
 };
+use sandbox_core::backend::Bounds;
 use tokio::io::AsyncWriteExt;
 
 use crate::cgroup;
@@ -49,20 +50,20 @@ pub struct BwrapBackend {
 impl BwrapBackend {
     pub fn new() -> Self {
         let launcher = sandbox_core::helper_program(LAUNCHER_ENV, LAUNCHER);
-        cgroup::sweep_unused_launcher_groups();
+        cgroup::sweep_dead_instances();
         let id_map = IdMap::for_process(
             nix::unistd::geteuid().as_raw(),
             nix::unistd::getegid().as_raw(),
         );
         tracing::info!(ids = %id_map.describe(), "bwrap sandboxes run in user namespaces of their own");
-        let probe = cgroup::Group::create();
-        let mut limits_in_force = probe.enforceable();
-        probe.remove_if_empty();
-        tracing::info!(placement = %cgroup::Placement::get().describe(), in_force = ?limits_in_force, "sandboxes' cgroups");
-        if limits_in_force.len() < 3 {
+        let instance = cgroup::Instance::get();
+        let mut limits_in_force = instance.holds();
+        tracing::info!(placement = %cgroup::Placement::get().describe(), instance = ?instance.dirs(), in_force = ?limits_in_force, "sandboxes' cgroups");
+        if let Some(missing) = instance.missing() {
             tracing::warn!(
                 in_force = ?limits_in_force,
-                "no writable cgroup hierarchy for every limit: sandboxes' cpus, memory and pids are not all enforced on this host"
+                missing,
+                "sandboxes' cpus, memory and pids cannot all be bounded on this host: creates are refused (S300) unless allow_unbounded_sandboxes"
             );
         }
         // Every layer is size-limited, whoever runs the adapter (see `disk.rs`).
@@ -222,14 +223,16 @@ impl Backend for BwrapBackend {
                 e,
             )
         })?;
-        let group = launcher.group.name().to_string();
-        std::fs::write(spec.layer_dir.join(GROUP_FILE), &group)
+        let group = launcher.group.dirs();
+        std::fs::write(spec.layer_dir.join(GROUP_FILE), launcher.group.name())
             .map_err(|e| boot_error("cannot record the sandbox's cgroup", e))?;
-        if !launcher
+        // Fails closed: a limit not written is a sandbox not started.
+        if let Err(e) = launcher
             .group
             .set_limits(spec.cpus, spec.memory_mb, spec.pids)
         {
-            tracing::debug!(sandbox_id = %spec.sandbox_id, "no writable cgroup hierarchy: cpus and memory are not enforced");
+            crate::pool::discard(launcher);
+            return Err(SandboxError::BootFailed(e.to_string()));
         }
         let network = if spec.network {
             Some(self.network_setup(spec)?)
@@ -324,6 +327,9 @@ impl Backend for BwrapBackend {
             "cgroups": cgroup::Placement::get().describe(),
             // Where each sandbox's `launcher-<uuid>` groups are made (one a hierarchy on v1).
             "cgroup_parents": cgroup::Placement::get().parents.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            // This adapter's own directory in each parent (locked while it lives): its
+            // sandboxes' groups, and only they, lie beneath.
+            "cgroup_instance": cgroup::Instance::get().dirs().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
                 "worker_layers": self.worker_disks.describe_layers(),
@@ -334,6 +340,16 @@ impl Backend for BwrapBackend {
                 "the sandbox's namespace",
             ),
         })
+    }
+
+    fn bounds(&self) -> Bounds {
+        match cgroup::Instance::get().missing() {
+            None => Bounds::Held(format!(
+                "each sandbox's own cgroup ({})",
+                cgroup::Placement::get().describe()
+            )),
+            Some(missing) => Bounds::Missing(format!("{missing}. {}", cgroup::HOW_TO_DELEGATE)),
+        }
     }
 
     fn release_layer(&self, layer_dir: &Path) {
@@ -493,7 +509,7 @@ struct BwrapProcess {
     process: ChildProcess,
     /// Done once the last writer of the sandbox's log is gone and all it wrote is on disk.
     log: bounded_log::Drained,
-    group: String,
+    group: Vec<PathBuf>,
 }
 
 #[async_trait]
@@ -513,7 +529,7 @@ impl SandboxProcess for BwrapProcess {
         let _ = tokio::time::timeout(LOG_DRAIN, self.log.wait()).await;
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
         let group = self.group.clone();
-        let _ = tokio::task::spawn_blocking(move || cgroup::remove(&group)).await;
+        let _ = tokio::task::spawn_blocking(move || cgroup::remove_dirs(&group)).await;
     }
 }
 

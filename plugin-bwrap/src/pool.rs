@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::process::{Child, Command};
 
-use crate::cgroup::Group;
+use crate::cgroup::{self, Group, Instance};
 use crate::userns::IdMap;
 
 /// A started launcher waiting for its command on stdin, and its (empty) cgroup.
@@ -62,7 +62,8 @@ impl LauncherPool {
     }
 
     fn start(&self) -> io::Result<Launcher> {
-        let group = Group::create();
+        // Fails closed: a launcher without its group would start a sandbox without limits.
+        let group = Group::create(Instance::get())?;
         let (log, stderr) = match io::pipe() {
             Ok(pipe) => pipe,
             Err(e) => {
@@ -129,7 +130,7 @@ impl Drop for LauncherPool {
 /// the kill the dying process still holds the group and an rmdir then fails (EBUSY), which
 /// left one empty group behind per discard. Without a runtime (the pool dropped at exit) the
 /// group goes if it is already empty, else to the next start's sweep.
-fn discard(launcher: Launcher) {
+pub(crate) fn discard(launcher: Launcher) {
     let Launcher {
         mut child, group, ..
     } = launcher;
@@ -138,8 +139,8 @@ fn discard(launcher: Launcher) {
         Ok(runtime) => {
             runtime.spawn(async move {
                 let _ = child.wait().await;
-                let name = group.name().to_string();
-                let _ = tokio::task::spawn_blocking(move || crate::cgroup::remove(&name)).await;
+                let dirs = group.dirs();
+                let _ = tokio::task::spawn_blocking(move || cgroup::remove_dirs(&dirs)).await;
             });
         }
         Err(_) => {

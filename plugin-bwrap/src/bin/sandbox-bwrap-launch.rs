@@ -112,9 +112,11 @@ fn prepare(args: Vec<String>) -> Result<Prepared, String> {
         return Err("the adapter that started this launcher is gone".into());
     }
     for procs in cgroup_procs {
-        // A group that cannot be joined costs the sandbox its limits, not its start (the
-        // adapter has already logged whether limits are enforced on this host).
-        let _ = std::fs::write(&procs, "0");
+        // Fails closed: outside its group the sandbox would run without the limits the
+        // adapter writes there.
+        std::fs::write(&procs, "0").map_err(|e| {
+            format!("cannot join the sandbox's cgroup ({procs}), so its limits would not hold: {e}")
+        })?;
     }
     // Before the sandbox's namespaces: pasta runs with the host's network and ids.
     let pasta = PastaStarter::fork().map_err(|e| format!("cannot fork pasta's starter: {e}"))?;
