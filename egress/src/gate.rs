@@ -106,21 +106,51 @@ pub fn enter_nested(ids: u32) -> Result<(), String> {
         .map_err(|e| format!("cannot enter the sandbox's user namespace: {e}"))
 }
 
-/// A user namespace nested in the caller's, with ids `0..ids` the same ids, owning the
-/// namespaces of `others` made with it; held by a child until dropped.
+/// A user namespace nested in the caller's, its ids the caller's namespace's ids one to one,
+/// owning the namespaces of `others` made with it; held by a child until dropped.
 fn nested_namespaces(ids: u32, others: CloneFlags) -> Result<idmap_mount::HeldNamespaces, String> {
+    // The caller is root of its namespace (CAP_SETUID and CAP_SETGID there), the parent of the
+    // new one: it may map any of its ids, extent by extent as its own map has them (a nested
+    // extent must fall within one of the parent's: an ordinary user's `0 -> itself` and
+    // `1.. -> its subordinate range` are two). A single-id namespace denies setgroups, and the
+    // nested one inherits that.
+    let maps = ["uid_map", "gid_map"].map(|file| {
+        let own = std::fs::read_to_string(format!("/proc/self/{file}")).unwrap_or_default();
+        (file, identity_map(&own, ids))
+    });
     idmap_mount::hold_new_namespaces(None, others, |pid| {
-        // The caller is root of its namespace (CAP_SETUID and CAP_SETGID there), the parent
-        // of the new one: it may map any of its ids. A single-id namespace denies setgroups,
-        // and the nested one inherits that.
-        for file in ["uid_map", "gid_map"] {
-            std::fs::write(format!("/proc/{pid}/{file}"), format!("0 0 {ids}\n")).map_err(|e| {
+        for (file, map) in &maps {
+            std::fs::write(format!("/proc/{pid}/{file}"), map).map_err(|e| {
                 std::io::Error::new(e.kind(), format!("cannot write the nested {file}: {e}"))
             })?;
         }
         Ok(())
     })
     .map_err(|e| format!("cannot make the sandbox's nested namespaces: {e}"))
+}
+
+/// The map of a namespace nested in one whose own map is `own` (`/proc/self/uid_map`): each of
+/// its extents' inside ids mapped to themselves, up to `ids` ids; `0 0 ids` when `own` says
+/// nothing usable.
+fn identity_map(own: &str, ids: u32) -> String {
+    let mut map = String::new();
+    for line in own.lines() {
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let [inside, _, count] = fields[..] else {
+            continue;
+        };
+        let end = (inside + count).min(u64::from(ids));
+        if inside < end {
+            map.push_str(&format!("{inside} {inside} {}\n", end - inside));
+        }
+    }
+    if map.is_empty() {
+        map = format!("0 0 {ids}\n");
+    }
+    map
 }
 
 /// The gate routes between the sandbox's link and pasta's.
@@ -217,5 +247,19 @@ fn ip(setup: &NetworkSetup, batch: &str, what: &str) -> Result<(), String> {
         _ => Err(format!(
             "{ip} could not set up {what} ({status}); nothing was started"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_map_follows_the_parents_extents() {
+        let user = "         0       1001          1\n         1     100000      65535\n";
+        assert_eq!(identity_map(user, 65536), "0 0 1\n1 1 65535\n");
+        assert_eq!(identity_map("0 2000000000 65536\n", 65536), "0 0 65536\n");
+        assert_eq!(identity_map("0 1001 1\n", 1), "0 0 1\n");
+        assert_eq!(identity_map("", 7), "0 0 7\n");
     }
 }

@@ -11,6 +11,7 @@
 //! sockets), so there is no frame to send.
 
 mod sandbox_support;
+mod worker_support;
 
 use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +20,7 @@ use std::time::Duration;
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{create, exec};
 use serde_json::json;
+use worker_support::{compose_options, wait_log, worker_ok};
 
 const ATTACK: &str = include_str!("frame_attack.py");
 /// The "public" side: TEST-NET-3, in a namespace of this test's (network.rs uses TEST-NET-2).
@@ -214,9 +216,11 @@ fn answered(report: &str) -> Vec<&str> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn hand_built_frames_reach_nothing_of_the_host() {
-    let test = "hand_built_frames_reach_nothing_of_the_host";
+/// The tests of this file share the public address: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Whether this host can run the attack; says why not.
+fn attack_usable(test: &str) -> bool {
     let tools = ["ip", "nsenter", "python3", "pasta"]
         .iter()
         .all(|tool| Command::new(tool).arg("--version").output().is_ok());
@@ -224,16 +228,16 @@ async fn hand_built_frames_reach_nothing_of_the_host() {
         println!(
             "\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, python3 and pasta ***\n"
         );
-        return;
+        return false;
     }
-    if !bwrap_usable(test) {
-        return;
-    }
-    let public = PublicHost::start();
+    bwrap_usable(test)
+}
+
+/// The baits on the host's loopback and own address, and the engine's port there.
+fn host_targets(stack: &Stack) -> (Baits, Vec<(String, String, u16)>) {
     let mut addresses = vec!["127.0.0.1".to_string()];
     addresses.extend(host_address());
     let baits = Baits::on(&addresses);
-    let stack = Stack::bwrap().await;
     let engine_port: u16 = stack
         .engine
         .url()
@@ -241,15 +245,16 @@ async fn hand_built_frames_reach_nothing_of_the_host() {
         .and_then(|(_, port)| port.trim_end_matches('/').parse().ok())
         .expect("the engine's port");
     let mut targets = baits.targets();
-    targets.push(("tcp".into(), "127.0.0.1".into(), engine_port));
-    if let Some(host) = addresses.get(1) {
-        targets.push(("tcp".into(), host.clone(), engine_port));
+    for address in &addresses {
+        targets.push(("tcp".into(), address.clone(), engine_port));
     }
-    let id = create(&stack, "python", json!({"network": true})).await;
-    let pid = sandbox_process(&stack).expect("the sandbox's bwrap on the host");
+    (baits, targets)
+}
 
-    // As host root with raw sockets, inside the sandbox's network namespace.
-    let mut args = attack_args(&targets, "from-host-root");
+/// The attack on `targets` (and a control datagram to the public address) from host root
+/// inside the network namespace of `pid`: its report.
+fn attack_from_host_root(pid: u32, targets: &[(String, String, u16)]) -> String {
+    let mut args = attack_args(targets, "from-host-root");
     args.extend(attack_args(
         &[("udp".into(), PUBLIC.into(), PUBLIC_PORT)],
         "control-from-host-root",
@@ -266,6 +271,45 @@ async fn hand_built_frames_reach_nothing_of_the_host() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "the attack itself failed to run");
+    report
+}
+
+/// Nothing reached a bait nor answered a handshake, and the public address heard the
+/// control (so the silence is the boundary's, not a broken network).
+fn assert_nothing_reached(baits: &Baits, public: PublicHost, reports: &[&str]) {
+    std::thread::sleep(Duration::from_millis(300));
+    let heard = baits.heard();
+    let control = public.heard();
+    assert!(
+        heard.is_empty(),
+        "hand-built frames reached the host: {heard:?}"
+    );
+    for report in reports {
+        assert!(
+            answered(report).is_empty(),
+            "a host port answered a handshake: {:?}",
+            answered(report)
+        );
+    }
+    assert!(
+        control.contains("control-from-host-root"),
+        "the public address did not receive the control frames (the network is broken, so the \
+         silence above proves nothing): {control:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hand_built_frames_reach_nothing_of_the_host() {
+    if !attack_usable("hand_built_frames_reach_nothing_of_the_host") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let public = PublicHost::start();
+    let stack = Stack::bwrap().await;
+    let (baits, targets) = host_targets(&stack);
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let pid = sandbox_process(&stack).expect("the sandbox's bwrap on the host");
+    let report = attack_from_host_root(pid, &targets);
 
     // As the sandbox's root: refused raw sockets, or frames that reach nothing.
     let mut argv = vec!["python3".to_string(), "-c".into(), ATTACK.into()];
@@ -279,23 +323,36 @@ async fn hand_built_frames_reach_nothing_of_the_host() {
         inside["exit_code"],
         inside["stderr"].as_str().unwrap_or_default()
     );
+    assert_nothing_reached(&baits, public, &[&report, &inside_out]);
+}
 
-    std::thread::sleep(Duration::from_millis(300));
-    let heard = baits.heard();
-    let control = public.heard();
-    assert!(
-        heard.is_empty(),
-        "hand-built frames reached the host: {heard:?}"
-    );
-    assert!(
-        answered(&report).is_empty() && answered(&inside_out).is_empty(),
-        "a host port answered a handshake: {:?} {:?}",
-        answered(&report),
-        answered(&inside_out)
-    );
-    assert!(
-        control.contains("control-from-host-root"),
-        "the public address did not receive the control frames (the network is broken, so the \
-         silence above proves nothing): {control:?}"
-    );
+/// A worker VM reaches the engine through its one forward (a connection to its own
+/// loopback's port), never by frames: the same attack from its namespace reaches nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_vms_frames_reach_nothing_of_the_host() {
+    if !attack_usable("a_worker_vms_frames_reach_nothing_of_the_host") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let public = PublicHost::start();
+    let project = e2e_tests::host_dir();
+    let stack = Stack::start(json!({}), compose_options(project.path())).await;
+    let (baits, targets) = host_targets(&stack);
+    worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": "frames", "image": "python", "host_path": project.path()}),
+    )
+    .await;
+    worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": "frames", "command": ["sh", "-c", "echo up; exec sleep 600"]}),
+    )
+    .await;
+    wait_log(&stack, "frames", "up", 1, Duration::from_secs(60)).await;
+    let pid = sandbox_process(&stack).expect("the worker's bwrap on the host");
+    let report = attack_from_host_root(pid, &targets);
+    assert_nothing_reached(&baits, public, &[&report]);
+    worker_ok(&stack, "stop", json!({"vm_id": "frames"})).await;
 }
