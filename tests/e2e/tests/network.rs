@@ -245,6 +245,7 @@ async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
     for target in &targets[1..] {
         assert_refused(&results, target);
     }
+    ping_public(&stack, &on).await;
     // pasta ends with its sandbox (this file's tests run one at a time, and no other sandbox
     // of this stack has network).
     assert_eq!(
@@ -277,6 +278,93 @@ async fn network_on_reaches_the_public_side_only_and_off_reaches_nothing() {
         interfaces.len() == 1 && interfaces[0].starts_with("lo:"),
         "network off has only lo: {interfaces:?}"
     );
+}
+
+/// An echo request over an ICMP datagram socket, the way `ping` sends without raw sockets
+/// (iputils' ping, and Alpine's busybox; upstream busybox's, the fixture's, asks for a raw
+/// socket only): "socket ok", then "reply from ADDRESS" or what went wrong.
+const PING: &str = r#"
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+print("socket ok", flush=True)
+s.settimeout(5)
+# Type 8 (echo request); the kernel fills in the checksum and the identifier.
+s.sendto(struct.pack("!BBHHH", 8, 0, 0, 0, 1) + b"iii-ping", (sys.argv[1], 0))
+try:
+    data, peer = s.recvfrom(1024)
+    print(("reply from " if data[0] == 0 else f"icmp type {data[0]} from ") + peer[0])
+except OSError as e:
+    print(f"no reply: {e}")
+"#;
+
+/// Ping works without raw sockets: the agent opens ping_group_range to the sandbox's
+/// groups, so an ICMP datagram socket opens, and its echo request is judged by the egress
+/// rules like any other packet. pasta sends it on with an ICMP socket of its own on the
+/// host, which the host's ping_group_range must let pasta's group open.
+async fn ping_public(stack: &Stack, id: &str) {
+    let answer = exec_ok(
+        stack,
+        id,
+        json!({"argv": ["python3", "-c", PING, PUBLIC], "timeout_ms": 30_000}),
+    )
+    .await;
+    println!("ping {PUBLIC}: {}", stdout(&answer));
+    let shown = format!("{answer}\n{}", stack.adapter.log());
+    if libkrun_under_test() {
+        println!(
+            "\n*** ping DID NOT RUN: ICMP datagram sockets through libkrun's TSI are \
+             unmeasured ***\n{answer}\n"
+        );
+        return;
+    }
+    assert!(
+        stdout(&answer).starts_with("socket ok\n"),
+        "no ICMP datagram socket in the sandbox: {shown}"
+    );
+    if let Err(why) = pasta_may_ping() {
+        println!("\n*** ping's echo reply DID NOT RUN: {why} ***\n{answer}\n");
+        return;
+    }
+    assert!(
+        stdout(&answer).contains(&format!("reply from {PUBLIC}\n")),
+        "ping {PUBLIC}: {shown}"
+    );
+}
+
+/// Whether the host's ping_group_range holds the group of the one pasta running.
+fn pasta_may_ping() -> Result<(), String> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ping_group_range")
+        .map_err(|e| format!("the host's ping_group_range: {e}"))?;
+    let bounds: Vec<u64> = range
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let [low, high] = bounds[..] else {
+        return Err(format!("the host's ping_group_range holds {range:?}"));
+    };
+    let pasta_gid = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| cmdline.starts_with(b"/usr/bin/pasta\0"))
+        })
+        .find_map(|entry| {
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("Gid:"))?;
+            line.split_whitespace().nth(2)?.parse::<u64>().ok()
+        })
+        .ok_or("no pasta runs")?;
+    if (low..=high).contains(&pasta_gid) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the host's ping_group_range ({}) leaves pasta's group {pasta_gid} out: pasta \
+             cannot answer ICMP",
+            range.trim()
+        ))
+    }
 }
 
 fn libkrun_under_test() -> bool {
