@@ -74,10 +74,10 @@ impl BwrapBackend {
         if worker_disks.is_bounded() {
             tracing::info!(
                 worker_layers,
-                "writable layers are size-limited (sandboxes: a tmpfs of default_disk_mb)"
+                "writable layers are size-limited (sandboxes: a tmpfs of default_disk_mb, at most 3/4 of memory_mb)"
             );
         } else {
-            tracing::warn!(worker_layers, "worker VMs' writable layers are not size-limited here (sandboxes are: a tmpfs of default_disk_mb)");
+            tracing::warn!(worker_layers, "worker VMs' writable layers are not size-limited here (sandboxes are: a tmpfs of default_disk_mb, at most 3/4 of memory_mb)");
         }
         Self {
             worker_disks,
@@ -169,7 +169,11 @@ impl Backend for BwrapBackend {
             state: false,
         };
         let disk = match (spec.persistent_layer, &self.worker_disks) {
-            (false, _) => Some(tmpfs),
+            // Its pages are the sandbox's memory: never more than its memory allows.
+            (false, _) => Some(Disk {
+                size_mb: disk::sandbox_tmpfs_mb(spec.disk_mb, spec.memory_mb),
+                ..tmpfs
+            }),
             (true, WorkerDisks::Images { mke2fs, fuse }) => {
                 let (mke2fs, layer_dir, size_mb) =
                     (mke2fs.clone(), spec.layer_dir.clone(), spec.disk_mb);
@@ -259,9 +263,10 @@ impl Backend for BwrapBackend {
             merged: path(&merged),
             log: crate::launch::LOG_IN_LAUNCHER.into(),
             bwrap: path(bwrap),
-            args: bwrap_args(spec, &mounts, &merged),
+            args: bwrap_args(spec, &mounts, &merged, &Scratch::of(spec, disk.as_ref())),
             network,
             disk,
+            ceilings: crate::ns_limits::Ceilings::for_sandbox(spec.persistent_layer),
         };
         let message = command
             .encode()
@@ -331,10 +336,12 @@ impl Backend for BwrapBackend {
             // sandboxes' groups, and only they, lie beneath.
             "cgroup_instance": cgroup::Instance::get().dirs().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "disk": {
-                "sandboxes": "a tmpfs of default_disk_mb in the sandbox's user namespace holds the writable layer (ENOSPC past it; its pages count against memory_mb too); /tmp is a tmpfs of the same size",
+                "sandboxes": "one tmpfs in the sandbox's user namespace holds the writable layer, /tmp and /dev/shm: ENOSPC past default_disk_mb, or past 3/4 of the sandbox's memory_mb when that is less (its pages are the sandbox's memory: filling it is ENOSPC, never the OOM killer)",
+                "dev": "/dev read-only but for /dev/shm and /dev/pts (a worker VM's /tmp and /dev/shm: tmpfs of their own splitting the same budget, /dev/shm a quarter of it up to 64 MiB)",
                 "worker_layers": self.worker_disks.describe_layers(),
                 "worker_state": self.worker_disks.describe_state(),
             },
+            "ceilings": crate::ns_limits::Ceilings::describe(),
             "network": self.egress_tools.describe(
                 "always the sandbox's own (network: false: loopback only)",
                 "the sandbox's namespace",
@@ -363,7 +370,55 @@ impl Backend for BwrapBackend {
     }
 }
 
-fn bwrap_args(spec: &BootSpec, mounts: &[GuestMount], merged: &Path) -> Vec<String> {
+/// Where a sandbox's `/tmp` and `/dev/shm` come from (see `disk.rs`).
+enum Scratch {
+    /// Directories of the sandbox's tmpfs: the layer's bound holds them too.
+    InLayer { tmp: String, shm: String },
+    /// Tmpfs of their own (a worker VM, whose layer is not a tmpfs), MiB.
+    Own { tmp_mb: u32, shm_mb: u32 },
+}
+
+impl Scratch {
+    fn of(spec: &BootSpec, disk: Option<&Disk>) -> Scratch {
+        match disk.filter(|d| d.image.is_none()) {
+            Some(tmpfs) => {
+                let (tmp, shm) = tmpfs.tmp_and_shm();
+                Scratch::InLayer { tmp, shm }
+            }
+            None => {
+                let (tmp_mb, shm_mb) = disk::worker_scratch_mb(spec.disk_mb, spec.memory_mb);
+                Scratch::Own { tmp_mb, shm_mb }
+            }
+        }
+    }
+
+    /// bwrap's arguments mounting `guest` (`/tmp` or `/dev/shm`).
+    fn mount(&self, guest: &str) -> Vec<String> {
+        let shm = guest == "/dev/shm";
+        match self {
+            Scratch::InLayer { tmp, shm: dir } => {
+                let source = if shm { dir } else { tmp };
+                vec!["--bind".into(), source.clone(), guest.into()]
+            }
+            Scratch::Own { tmp_mb, shm_mb } => {
+                let mb = if shm { shm_mb } else { tmp_mb };
+                vec![
+                    "--size".into(),
+                    (u64::from(*mb) * 1024 * 1024).to_string(),
+                    "--tmpfs".into(),
+                    guest.into(),
+                ]
+            }
+        }
+    }
+}
+
+fn bwrap_args(
+    spec: &BootSpec,
+    mounts: &[GuestMount],
+    merged: &Path,
+    scratch: &Scratch,
+) -> Vec<String> {
     // Every namespace but the user one, which the launcher made: bwrap runs as root of the
     // sandbox's own user namespace, and a nested one of bwrap's would map a single id.
     let mut args: Vec<String> = [
@@ -389,13 +444,14 @@ fn bwrap_args(spec: &BootSpec, mounts: &[GuestMount], merged: &Path) -> Vec<Stri
         "/".into(),
         "--dev".into(),
         "/dev".into(),
-        "--proc".into(),
-        "/proc".into(),
-        // Bounded like the layer: a tmpfs's default size is half the host's memory.
-        "--size".into(),
-        (u64::from(spec.disk_mb) * 1024 * 1024).to_string(),
-        "--tmpfs".into(),
-        "/tmp".into(),
+    ]);
+    // bwrap's /dev is a tmpfs of no size (half the host's memory) and `--size` cannot go with
+    // `--dev`: read-only, but for its own mounts (/dev/pts, and /dev/shm, bounded here).
+    args.extend(scratch.mount("/dev/shm"));
+    args.extend(["--remount-ro".into(), "/dev".into()]);
+    args.extend(["--proc".into(), "/proc".into()]);
+    args.extend(scratch.mount("/tmp"));
+    args.extend([
         "--ro-bind".into(),
         path(&spec.agent_path),
         AGENT_IN_SANDBOX.into(),

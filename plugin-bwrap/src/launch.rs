@@ -42,6 +42,9 @@ pub struct LaunchCommand {
     /// the overlay (see `disk.rs`); none: they are plain directories of the layer.
     #[serde(default)]
     pub disk: Option<crate::disk::Disk>,
+    /// The sandbox's open-file limit and its share of the host's per-user counters, applied
+    /// by the launcher in the sandbox's user namespace before the sandbox's processes start.
+    pub ceilings: crate::ns_limits::Ceilings,
 }
 
 impl LaunchCommand {
@@ -119,6 +122,7 @@ mod tests {
             args: vec!["--unshare-all".into(), "a b \"c\"".into()],
             network: None,
             disk: None,
+            ceilings: crate::ns_limits::Ceilings::for_sandbox(false),
         }
     }
 

@@ -12,6 +12,7 @@ mod cgroup;
 pub mod disk;
 pub mod fuse_disk;
 pub mod launch;
+pub mod ns_limits;
 mod owners;
 mod pool;
 pub mod userns;

@@ -191,6 +191,7 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
     // The sandbox runs in a user namespace nested in this one (the same ids), so nothing set
     // here (the gate's rules, the limits of this namespace) is within its root's reach.
     let ids = map.ids_inside();
+    command.ceilings.apply()?;
     if let Some(network) = &command.network {
         egress::gate::connect_gated(pasta, network, &command.log, ids)?;
     } else {
