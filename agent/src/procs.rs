@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
-use crate::log::log;
+use crate::log::{log, RateLimit};
 use crate::sys;
 
 /// What one exec's thread and the rest of the agent share.
@@ -120,16 +121,33 @@ impl ProcTable {
     }
 }
 
+/// The log lines of forwarded signals: any process of the sandbox may signal the agent as
+/// fast as it can, and the log is a file on the host.
+static SIGNAL_LINES: RateLimit = RateLimit::new();
+
 /// Starts the thread that reaps children and forwards SIGTERM/SIGINT to every exec's
 /// process group. The signals must already be blocked (see `sys::block_handled_signals`).
 pub fn start_signal_thread(table: ProcTable) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || loop {
-            match sys::wait_signal() {
-                Ok(libc::SIGCHLD) => table.reap(),
-                Ok(sig) => {
-                    log!("got signal {sig}, forwarding it to every exec");
+            // Wakes for the count of the lines held back only while some are.
+            let due = SIGNAL_LINES.report_due_in(Instant::now());
+            match sys::wait_signal(due) {
+                Ok(None) => {
+                    if let Some(held) = SIGNAL_LINES.held_back(Instant::now()) {
+                        log!("{held} more signals forwarded to every exec, not logged one by one");
+                    }
+                }
+                Ok(Some(libc::SIGCHLD)) => table.reap(),
+                Ok(Some(sig)) => {
+                    match SIGNAL_LINES.admit(Instant::now()) {
+                        Some(0) => log!("got signal {sig}, forwarding it to every exec"),
+                        Some(held) => log!(
+                            "got signal {sig}, forwarding it to every exec ({held} more signals since the last such line, not logged)"
+                        ),
+                        None => {}
+                    }
                     table.signal_all(sig);
                 }
                 Err(e) => {

@@ -32,16 +32,33 @@ pub fn block_handled_signals() -> io::Result<()> {
     Ok(())
 }
 
-/// Waits for one of the handled signals.
-pub fn wait_signal() -> io::Result<libc::c_int> {
+/// Waits for one of the handled signals, at most `limit` when given: `None` when it passed
+/// without one.
+pub fn wait_signal(limit: Option<std::time::Duration>) -> io::Result<Option<libc::c_int>> {
     let set = handled_set();
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `set` is initialised and `sig` is a valid out pointer.
-    let rc = unsafe { libc::sigwait(&set, &mut sig) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
+    let Some(limit) = limit else {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` is initialised and `sig` is a valid out pointer.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        return Ok(Some(sig));
+    };
+    let timeout = libc::timespec {
+        tv_sec: limit.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+        tv_nsec: limit.subsec_nanos().into(),
+    };
+    // SAFETY: `set` and `timeout` are initialised; a null siginfo pointer is allowed.
+    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
+    if sig < 0 {
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+            _ => Err(error),
+        };
     }
-    Ok(sig)
+    Ok(Some(sig))
 }
 
 /// Reaps one exited child without blocking: `Some((pid, raw status))`, or `None` when no
