@@ -39,6 +39,13 @@ if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
   echo "[install-deps] /dev/net/tun -> 0666 (Debian's default; pasta needs it)"
   chmod 0666 /dev/net/tun
 fi
+# pasta answers a sandbox's ping with an ICMP datagram ("ping") socket of the host's, which
+# the kernel opens only to the groups in net.ipv4.ping_group_range: systemd's default on Debian
+# is every group; a host without systemd's sysctl files (a container) keeps the kernel's `1 0`.
+if [ "$(sysctl -n net.ipv4.ping_group_range 2>/dev/null | tr -s ' \t' ' ')" = "1 0" ]; then
+  echo "[install-deps] net.ipv4.ping_group_range -> 0 2147483647 (systemd's default; pasta relays ping with it)"
+  sysctl -qw net.ipv4.ping_group_range="0 2147483647" || true
+fi
 # Test images and the local registry (docker-registry, skopeo, umoci, busybox-static, ...).
 bash "$here/tests/fixtures/install.sh"
 # The VM lab: QEMU, initramfs tools, libkrunfw5.
