@@ -39,10 +39,14 @@ install_bin=$(grep -o '"executable":"[^"]*/install-[0-9a-f]*"' <<<"$install_json
 network_json=$(cargo test -p e2e-tests --test network --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test network --no-run; exit 1; }
 network_bin=$(grep -o '"executable":"[^"]*/network-[0-9a-f]*"' <<<"$network_json" | tail -1 | cut -d'"' -f4)
+# The posture of the runner and its helpers from the host (posture.rs, tests/e2e/posture/).
+posture_json=$(cargo test -p e2e-tests --test posture --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test posture --no-run; exit 1; }
+posture_bin=$(grep -o '"executable":"[^"]*/posture-[0-9a-f]*"' <<<"$posture_json" | tail -1 | cut -d'"' -f4)
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
   "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
@@ -53,7 +57,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   log "release archive for the install test (scripts/release.sh)"
   bash scripts/release.sh "$scratch/release" >&2
@@ -156,6 +160,18 @@ elif [ "$mode" = test ]; then
       \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
       /tmp/vm-lab/debug/deps/$(basename "$network_bin") \$tests --exact --nocapture
   done
+fi
+if [ "$mode" = test ] && [ "${LAB_POSTURE:-1}" = 1 ]; then
+  # Every host process of a microVM sandbox (with and without network) and a worker VM
+  # against tests/e2e/posture/libkrun-{root,user}.toml; a drift prints the observed table.
+  echo "[lab] the host processes' posture on libkrun (posture.rs), as root and as iii-sandbox"
+  pass "posture on libkrun (root)" /tmp/vm-lab/debug/deps/$(basename "$posture_bin") \
+    libkrun_host_processes_match_their_table --exact --nocapture
+  if id iii-sandbox >/dev/null 2>&1; then
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+    pass "posture on libkrun (ordinary user)" env SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+      /tmp/vm-lab/debug/deps/$(basename "$posture_bin") libkrun_host_processes_match_their_table --exact --nocapture
+  fi
 fi
 if [ "$mode" = test ] && [ "${LAB_AS_USER:-1}" != 1 ]; then
   echo "[lab] the ordinary-user libkrun run DID NOT RUN: LAB_AS_USER is not 1"
