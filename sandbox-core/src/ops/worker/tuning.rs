@@ -28,8 +28,8 @@ pub const LIBKRUN_NO_SMT: &str = "libkrun 1.19.7's krun_set_vm_config hard-codes
     machine builder has hyperthreading)";
 const BWRAP_NO_VM: &str = "the bwrap backend runs no VM: the worker shares the host's CPUs \
     and kernel";
-const BWRAP_NOFILE: &str = "not applied on the bwrap backend: the worker inherits the \
-    adapter's own RLIMIT_NOFILE";
+const BWRAP_NOFILE: &str = "not applied on the bwrap backend: a worker's processes get \
+    RLIMIT_NOFILE 65536 (soft and hard) from its launcher, whatever is asked";
 
 /// The tuning asked for by the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
