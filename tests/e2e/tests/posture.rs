@@ -69,15 +69,16 @@ fn compose_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     (project, compose)
 }
 
-/// Configuration: an ordinary user's adapter without a delegated cgroup may run sandboxes
-/// only unbounded (limits are not what this test is about).
+/// Configuration: one resolver (the proxy opens its sockets per resolver: the host's own
+/// list would make their count the host's), and for an ordinary user's adapter without a
+/// delegated cgroup, sandboxes allowed unbounded (limits are not what this test is about).
 fn config() -> Json {
     let delegated = std::env::var("SANDBOX_E2E_ADAPTER_CGROUPS").is_ok_and(|g| !g.is_empty());
+    let mut config = json!({"network_dns": ["127.0.0.1:53"]});
     if adapter_user().is_some() && !delegated {
-        json!({"allow_unbounded_sandboxes": true})
-    } else {
-        json!({})
+        config["allow_unbounded_sandboxes"] = json!(true);
     }
+    config
 }
 
 /// The adapter's child that appeared as `group`'s root process (one its tree did not have
@@ -214,7 +215,7 @@ async fn libkrun_host_processes_match_their_table() {
         prefix: None,
         ..compose_options(&compose)
     };
-    let mut stack = Stack::start(json!({}), options).await;
+    let mut stack = Stack::start(config(), options).await;
     let info = stack
         .call("adapter::info", json!({}))
         .await
