@@ -358,7 +358,8 @@ fn file_kind(mode: u32) -> &'static str {
 
 /// The descriptors: 0, 1 and 2 by number (`0 r pipe with adapter`); the others, whose
 /// numbers say nothing, counted by what they are (`x4 rw socket udp4 {host}:* net=adapter`),
-/// in the order they first appear.
+/// in the order they first appear; pipes a process keeps both ends of as `x*` (pasta's
+/// splice pool grows with its timers, 35 or 42 pairs a second after start).
 fn fds(
     owner: &Observation,
     observed: &Observed,
@@ -378,9 +379,19 @@ fn fds(
             None => others.push((what, 1)),
         }
     }
-    stdio.extend(others.into_iter().map(|(what, n)| format!("x{n} {what}")));
+    stdio.extend(
+        others
+            .into_iter()
+            .map(|(what, n)| match what.ends_with(OWN_PIPES) {
+                true => format!("x* {what}"),
+                false => format!("x{n} {what}"),
+            }),
+    );
     stdio
 }
+
+/// A pipe whose two ends only its process holds: counted as `x*` (any number).
+const OWN_PIPES: &str = "pipe (both ends its own)";
 
 /// `mode what`: a pipe by who else holds it, a socket by kind, state, local address and
 /// network namespace, a namespace by name, a file by kind and symbolic path.
@@ -409,9 +420,13 @@ fn describe_fd(
             }
         }
         let inherited = observed.starter.fds.iter().any(|f| f.link == fd.link);
+        let both_ends = owner.raw.fds.iter().filter(|f| f.link == fd.link).count() > 1;
         match (inherited, holders.is_empty()) {
             // Planted by the test before it started the adapter (see posture.rs).
             (true, _) => "pipe the adapter inherited from its starter".to_string(),
+            // A pool of the program's own (pasta's splice pipes): how many it holds is its
+            // business, and its timers' (see `fds`).
+            (false, true) if both_ends => OWN_PIPES.to_string(),
             (false, true) => "pipe (no other listed holder)".to_string(),
             (false, false) => format!("pipe with {}", holders.join("+")),
         }
