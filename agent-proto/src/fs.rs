@@ -94,6 +94,15 @@ pub const GREP_MAX_MATCHES: u64 = 100_000;
 /// `fs::grep`'s default and largest `max_line_bytes`.
 pub const GREP_DEFAULT_LINE_BYTES: u64 = 4096;
 pub const GREP_MAX_LINE_BYTES: u64 = 65_536;
+/// Longest `fs::sed` replacement: every match writes it out, so it bounds how fast a result
+/// grows (a result over `SED_MAX_FILE_BYTES` fails that file).
+pub const SED_MAX_REPLACEMENT_BYTES: usize = 64 * 1024;
+/// Largest file `fs::sed` rewrites, before and after the edit: the agent holds the file in
+/// memory while it writes the result out.
+pub const SED_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
+/// Every fs request ends within this time in the agent: past it the agent answers S216 (the
+/// work is cancelled at its next check), and the host stops waiting a little later.
+pub const FS_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Most files one `fs::sed` call may rewrite (named or found by its walk): every file gets a
 /// result, and all results travel in one frame.
 pub const SED_MAX_FILES: usize = 4_000;

@@ -32,6 +32,6 @@ pub use exec::{
     FLOW_CHUNK_OVERHEAD,
 };
 pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MAX_PAYLOAD};
-pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse};
+pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse, FS_CALL_TIMEOUT};
 pub use hello::{Hello, PROTOCOL_VERSION};
 pub use message::{Message, MessageError};

@@ -183,18 +183,9 @@ impl Server {
         }
     }
 
+    /// fs calls run on threads of their own, each within its deadline (see `fs::start`).
     fn run_fs(&self, id: u32, request: FsRequest, body: Vec<u8>) {
-        let outbox = self.ctx.outbox.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("fs-{id}"))
-            .spawn(move || fs::serve(id, request, body, &outbox));
-        if let Err(e) = spawned {
-            self.refuse(
-                id,
-                ErrorCode::SpawnFailed,
-                format!("no thread for fs op: {e}"),
-            );
-        }
+        fs::start(id, request, body, &self.ctx.outbox);
     }
 
     fn refuse(&self, id: u32, code: ErrorCode, message: String) {

@@ -25,6 +25,8 @@ use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.
 const EXEC_GRACE: Duration = Duration::from_secs(10);
+/// How long the client waits for an fs answer: the agent's own deadline, plus the grace.
+const FS_WAIT: Duration = crate::fs::FS_CALL_TIMEOUT.saturating_add(EXEC_GRACE);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AgentError {
@@ -216,8 +218,14 @@ impl AgentClient {
         result
     }
 
-    /// Runs one filesystem operation in the agent.
+    /// Runs one filesystem operation in the agent. The agent answers every one within
+    /// [`FS_CALL_TIMEOUT`](crate::FS_CALL_TIMEOUT) (S216 past it); an agent that does not
+    /// is reported as [`AgentError::Unresponsive`] a grace period later.
     pub async fn fs(&self, op: FsRequest) -> Result<FsResponse, AgentError> {
+        self.fs_within(op, FS_WAIT).await
+    }
+
+    async fn fs_within(&self, op: FsRequest, wait: Duration) -> Result<FsResponse, AgentError> {
         let id = self.next_id();
         let (tx, rx) = oneshot::channel();
         let cap = match &op {
@@ -265,7 +273,11 @@ impl AgentClient {
                 self.send(msg, id).await?;
             }
         }
-        flatten(rx.await)
+        match tokio::time::timeout(wait, rx).await {
+            Ok(r) => flatten(r),
+            // The guard forgets the request: a late answer is dropped.
+            Err(_) => Err(AgentError::Unresponsive { id }),
+        }
     }
 
     /// Asks the agent to kill everything it started and exit. Succeeds once the agent

@@ -5,7 +5,7 @@ use tokio::io::{duplex, split, DuplexStream, ReadHalf, WriteHalf};
 
 use super::io::{read_frame, write_frame};
 use super::*;
-use crate::{ExecExit, Frame, Kind};
+use crate::{ExecExit, Frame, FsReply, Kind};
 
 struct FakeAgent {
     reader: ReadHalf<DuplexStream>,
@@ -143,6 +143,43 @@ async fn an_agent_that_never_answers_is_reported_and_killed() {
     );
     let kill = fake.recv().await;
     assert_eq!((kill.kind, kill.id), (Kind::ExecKill, start.id));
+}
+
+#[tokio::test]
+async fn an_fs_call_the_agent_never_answers_ends_and_a_late_answer_is_dropped() {
+    let (client, mut fake) = pair().await;
+    tokio::time::pause();
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .fs(FsRequest::Stat {
+                    path: "/fifo".into(),
+                })
+                .await
+        }
+    });
+    let request = fake.recv().await;
+    assert_eq!(request.kind, Kind::FsRequest);
+    let result = call.await.expect("task");
+    assert!(
+        matches!(result, Err(AgentError::Unresponsive { id }) if id == request.id),
+        "{result:?}"
+    );
+    // The answer that comes after all is dropped, and the link still serves.
+    let late = FsReply::Ok(FsResponse::Removed { removed: true });
+    fake.send(request.id, Message::FsReply(late)).await;
+    let next = tokio::spawn({
+        let client = client.clone();
+        async move { client.fs(FsRequest::Stat { path: "/".into() }).await }
+    });
+    let second = fake.recv().await;
+    let answer = FsReply::Ok(FsResponse::Created { created: true });
+    fake.send(second.id, Message::FsReply(answer)).await;
+    assert_eq!(
+        next.await.expect("task").expect("answered"),
+        FsResponse::Created { created: true }
+    );
 }
 
 #[tokio::test]

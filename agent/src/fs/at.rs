@@ -305,6 +305,19 @@ pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Opens `path` (links followed: the caller named it) with `flags` plus `O_NONBLOCK`, so
+/// that opening a FIFO or a device never waits (for a writer, a reader, a carrier). The
+/// caller checks the kind of what it got. `mode` applies with `O_CREAT`.
+pub fn open_nonblocking(path: &Path, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    let c_path = c_name(path.as_os_str())?;
+    let flags = flags | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: `c_path` is NUL-terminated and outlives the call; the mode is a plain integer,
+    // read only with O_CREAT.
+    let fd = check(unsafe { libc::open(c_path.as_ptr(), flags, mode as libc::c_uint) })?;
+    // SAFETY: open succeeded: `fd` is open and owned by nobody else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
 /// The kind of what `fd` refers to.
 pub fn kind_of_fd(fd: RawFd) -> io::Result<Kind> {
     Ok(Kind::of_mode(stat_fd(fd)?.st_mode))

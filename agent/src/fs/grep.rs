@@ -6,7 +6,8 @@
 //! reply would outgrow one frame (`wire::REPLY_BUDGET`).
 //!
 //! Files up to `WHOLE_FILE_MAX` are read into a buffer each search thread reuses and searched
-//! as one buffer: the regex (with `^`/`$` at line boundaries) skips to a candidate, and the
+//! as one buffer (past `SCRATCH_KEEP` bytes only while the agent's buffer budget has room,
+//! see `budget`; else line by line): the regex (with `^`/`$` at line boundaries) skips to a candidate, and the
 //! candidate's line is then checked on its own, so the result is exactly that of a
 //! line-by-line search, several times faster. Larger files, and patterns whose meaning
 //! differs between a buffer and a line (`\A`, `\z`, a `-m` flag), are read line by line with
@@ -30,15 +31,19 @@ use agent_proto::fs::{GrepMatch, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES};
 use agent_proto::{FsError, FsErrorCode, FsResponse};
 use regex::bytes::Regex;
 
-use super::os_error;
+use super::budget::{self, Grant};
+use super::call::{self, Cancel};
 use super::pattern::{self, Filter};
 use super::walk;
 use super::wire::{json_str_len, REPLY_BUDGET};
+use super::{at, os_error};
 
 /// Bytes looked at to decide whether a file is binary.
 pub const BINARY_PROBE: usize = 8 * 1024;
-/// Longest line held in memory: a longer line is matched on its first `SCAN_LINE_CAP` bytes.
+/// Longest line held in memory: a longer line is matched on its first `SCAN_LINE_CAP` bytes,
+/// or its first `LINE_CAP_UNBUDGETED` bytes while the agent's buffer budget has no room.
 const SCAN_LINE_CAP: usize = 8 * 1024 * 1024;
+const LINE_CAP_UNBUDGETED: usize = 1024 * 1024;
 /// Largest file searched as one buffer.
 const WHOLE_FILE_MAX: u64 = 16 * 1024 * 1024;
 /// JSON around one match besides its two strings: `{"path":,"line":N,"content":},`.
@@ -95,6 +100,7 @@ fn grep_with(
     let search = Search {
         patterns: Patterns::new(query.pattern, query.ignore_case)?,
         line_bytes: query.max_line_bytes as usize,
+        cancel: call::current(),
     };
     let filter = Filter::new(query.include_glob, query.exclude_glob)?;
     let mut hits = Hits::new(query.max_matches as usize);
@@ -102,7 +108,8 @@ fn grep_with(
         // A file named as the root: its errors are the call's.
         walk::Start::File => {
             let shown = root.to_string_lossy();
-            let searched = File::open(root).and_then(|file| {
+            // Non-blocking: a FIFO swapped in since `start` must not hold the open.
+            let searched = at::open_nonblocking(root, libc::O_RDONLY, 0).and_then(|file| {
                 let meta = file.metadata()?;
                 if !meta.is_file() {
                     return Ok(ControlFlow::Continue(())); // swapped for a FIFO or a device
@@ -472,6 +479,9 @@ impl Patterns {
 struct Search {
     patterns: Patterns,
     line_bytes: usize,
+    /// The call's deadline, looked at while reading a large file line by line (the search
+    /// threads have no call of their own).
+    cancel: Cancel,
 }
 
 impl Search {
@@ -484,10 +494,13 @@ impl Search {
         scratch: &mut Vec<u8>,
         found: &mut dyn FnMut(u64, String) -> ControlFlow<()>,
     ) -> io::Result<ControlFlow<()>> {
-        let result = self.file_in(file, len, scratch, found);
+        let mut grant = None;
+        let result = self.file_in(file, len, scratch, &mut grant, found);
         if scratch.len() > SCRATCH_KEEP {
             *scratch = Vec::new();
         }
+        // The budget gets back only what is freed.
+        drop(grant);
         result
     }
 
@@ -496,14 +509,16 @@ impl Search {
         mut file: &File,
         len: u64,
         scratch: &mut Vec<u8>,
+        grant: &mut Option<Grant>,
         found: &mut dyn FnMut(u64, String) -> ControlFlow<()>,
     ) -> io::Result<ControlFlow<()>> {
         // A file of up to SCRATCH_KEEP bytes is read with one call, as much as its size says
         // (GNU grep trusts it too: a file growing meanwhile is searched up to its size when
         // opened); a larger one is probed first, so a big binary is not read whole. A size of
-        // 0 (also what some kernel files say) reads to the end, up to the bound.
+        // 0 (also what some kernel files say) reads up to SCRATCH_KEEP: all of it when it
+        // ends there, else the rest line by line.
         let first = match len {
-            0 => WHOLE_FILE_MAX as usize,
+            0 => SCRATCH_KEEP,
             n if n <= SCRATCH_KEEP as u64 => n as usize,
             _ => BINARY_PROBE,
         };
@@ -519,20 +534,35 @@ impl Search {
             )
         };
         if let Some(buffer) = &self.patterns.buffer {
-            if len <= WHOLE_FILE_MAX {
-                let mut filled = head;
-                if first == BINARY_PROBE && head == BINARY_PROBE {
-                    filled = fill(file, scratch, head, len as usize)?;
+            let in_hand = match len {
+                0 => head < SCRATCH_KEEP,
+                n => first as u64 == n || head < first,
+            };
+            let mut whole = in_hand.then_some(head);
+            if whole.is_none() && len <= WHOLE_FILE_MAX && len > 0 {
+                // Room for the whole file, or the search goes line by line.
+                if let Some(room) = budget::try_take(len as usize) {
+                    *grant = Some(room);
+                    whole = Some(fill(file, scratch, head, len as usize)?);
                 }
+            }
+            if let Some(filled) = whole {
                 let data = &scratch[..filled];
                 return Ok(search_buffer(data, buffer, &self.patterns.line, &mut found));
             }
         }
+        let line_cap = match budget::try_take(SCAN_LINE_CAP) {
+            Some(room) => {
+                *grant = Some(room);
+                SCAN_LINE_CAP
+            }
+            None => LINE_CAP_UNBUDGETED,
+        };
         let head = io::Cursor::new(&scratch[..head]);
         let mut reader = BufReader::with_capacity(64 * 1024, head.chain(&mut file));
         let mut line = Vec::new();
         let mut number = 0u64;
-        while next_line(&mut reader, &mut line, SCAN_LINE_CAP)? {
+        while next_line(&mut reader, &mut line, line_cap, &self.cancel)? {
             number += 1;
             if self.patterns.line.is_match(&line) && found(number, &line).is_break() {
                 return Ok(ControlFlow::Break(()));
@@ -606,11 +636,20 @@ pub fn is_binary(head: &[u8]) -> bool {
 }
 
 /// Reads the next line into `line` without its newline, keeping at most `cap` bytes of it
-/// (the rest of a longer line is consumed unseen). False at the end of the input.
-fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>, cap: usize) -> io::Result<bool> {
+/// (the rest of a longer line is consumed unseen). False at the end of the input, or once
+/// `cancel` says the call is over (a line may be endless).
+fn next_line(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    cap: usize,
+    cancel: &Cancel,
+) -> io::Result<bool> {
     line.clear();
     let mut any = false;
     loop {
+        if cancel.is_cancelled() {
+            return Ok(false);
+        }
         let buf = reader.fill_buf()?;
         if buf.is_empty() {
             return Ok(any);
@@ -755,7 +794,7 @@ mod tests {
         let mut line = Vec::new();
         let mut rows = Vec::new();
         let mut number = 0;
-        while next_line(&mut input, &mut line, usize::MAX).unwrap() {
+        while next_line(&mut input, &mut line, usize::MAX, &Cancel::never()).unwrap() {
             number += 1;
             if re.is_match(&line) {
                 rows.push((number, line.clone()));
@@ -817,13 +856,13 @@ mod tests {
     fn long_lines_are_scanned_up_to_the_cap() {
         let mut input = io::Cursor::new(b"0123456789\nab\nlast".to_vec());
         let mut line = Vec::new();
-        assert!(next_line(&mut input, &mut line, 4).unwrap());
+        assert!(next_line(&mut input, &mut line, 4, &Cancel::never()).unwrap());
         assert_eq!(line, b"0123");
-        assert!(next_line(&mut input, &mut line, 4).unwrap());
+        assert!(next_line(&mut input, &mut line, 4, &Cancel::never()).unwrap());
         assert_eq!(line, b"ab");
-        assert!(next_line(&mut input, &mut line, 4).unwrap());
+        assert!(next_line(&mut input, &mut line, 4, &Cancel::never()).unwrap());
         assert_eq!(line, b"last");
-        assert!(!next_line(&mut input, &mut line, 4).unwrap());
+        assert!(!next_line(&mut input, &mut line, 4, &Cancel::never()).unwrap());
     }
 
     #[test]

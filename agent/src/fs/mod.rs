@@ -1,13 +1,18 @@
 //! Filesystem operations on the guest's own root: the agent runs inside the sandbox, so
 //! its `/` is the sandbox's root and a path cannot name anything of the host. One file
-//! per group of SPEC `fs::*` rows; errors map to S210..S219 here.
+//! per group of SPEC `fs::*` rows; errors map to S210..S219 here. Every call runs on a
+//! thread of its own within its deadline (`call`), its large buffers within one budget
+//! (`budget`).
 
 mod at;
+mod budget;
+mod call;
 mod entry;
 mod file;
 mod grep;
 mod pattern;
 mod sed;
+mod template;
 mod tree;
 mod walk;
 mod wire;
@@ -15,17 +20,26 @@ mod wire;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use agent_proto::{FsError, FsErrorCode, FsReply, FsRequest, FsResponse, Message};
+use agent_proto::{FsError, FsErrorCode, FsReply, FsRequest, FsResponse, Message, FS_CALL_TIMEOUT};
 
+use crate::log::log;
 use crate::outbox::Outbox;
 
-/// Runs one request and sends its reply (a read sends its `Data` frames first).
-pub fn serve(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) {
-    let reply = match run(id, request, body, outbox) {
-        Ok(r) => FsReply::Ok(r),
-        Err(e) => FsReply::Err(e),
-    };
-    outbox.send(id, Message::FsReply(reply));
+/// Starts one request on a thread of its own; its reply (a read sends its `Data` frames
+/// first) comes by `FS_CALL_TIMEOUT` at the latest. A call the agent cannot take now is
+/// answered S216 at once.
+pub fn start(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) {
+    let started = call::spawn(id, outbox, FS_CALL_TIMEOUT, move |outbox| {
+        match run(id, request, body, outbox) {
+            Ok(r) => FsReply::Ok(r),
+            Err(e) => FsReply::Err(e),
+        }
+    });
+    if let Err(refused) = started {
+        log!("fs request {id} refused: {refused}");
+        let error = FsError::new(FsErrorCode::Io, refused.to_string());
+        outbox.send(id, Message::FsReply(FsReply::Err(error)));
+    }
 }
 
 fn run(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) -> Result<FsResponse, FsError> {
@@ -49,13 +63,16 @@ fn run(id: u32, request: FsRequest, body: Vec<u8>, outbox: &Outbox) -> Result<Fs
             offset,
             max_bytes,
         } => file::read(&guest_path(&path)?, offset, max_bytes, |chunk| {
+            // Once the deadline has answered, nothing more goes out for this request.
+            call::current().check()?;
             outbox.send(
                 id,
                 Message::Data {
                     data: chunk,
                     end: false,
                 },
-            )
+            );
+            Ok(())
         }),
         FsRequest::Rm { path, recursive } => tree::rm(&guest_path(&path)?, recursive),
         FsRequest::Chmod {

@@ -10,27 +10,35 @@
 //! reached from the root's one `O_NOFOLLOW` step at a time: a directory swapped for a link
 //! between the walk and the rewrite fails that file and touches nothing outside `path`. A rename makes
 //! a new inode: hard links to the old file keep the old content. Extended attributes are not
-//! copied. Files over `SED_MAX_FILE_BYTES` are refused (the file is held in memory twice).
+//! copied.
+//!
+//! Memory stays bounded whatever the request: the file is held once (at most
+//! `SED_MAX_FILE_BYTES`, taken from the agent's buffer budget, waiting for room within the
+//! call's deadline) while its result streams to the temporary file; a replacement is at most
+//! `SED_MAX_REPLACEMENT_BYTES` (S210 past it) and a result past `SED_MAX_FILE_BYTES` fails
+//! that file, leaving it as it was.
 
 use std::ffi::{OsStr, OsString};
-use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use agent_proto::fs::{SedFileResult, SedTarget, SED_MAX_FILES};
+use agent_proto::fs::{
+    SedFileResult, SedTarget, SED_MAX_FILES, SED_MAX_FILE_BYTES, SED_MAX_REPLACEMENT_BYTES,
+};
 use agent_proto::{FsError, FsErrorCode, FsResponse};
 use regex::bytes::Regex;
 
 use super::at::Dir;
+use super::budget;
+use super::call::{self, Cancel};
 use super::grep::{is_binary, BINARY_PROBE};
 use super::pattern::{self, Filter};
+use super::template::Template;
 use super::walk;
 use super::wire::{json_str_len, truncate_text, REPLY_BUDGET};
 
-/// Largest file sed rewrites.
-pub const SED_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// Longest per-file error message, so that every result's size is known in advance.
 const ERROR_MAX: usize = 120;
 /// JSON of one result besides its path: the other fields and the longest error.
@@ -51,10 +59,10 @@ pub struct Query<'a> {
 /// A compiled replacement.
 pub struct Edit {
     regex: Regex,
-    replacement: Vec<u8>,
     /// `$1` / `${name}` are expanded (regex mode); otherwise the replacement is literal.
-    expand: bool,
+    replacement: Template,
     first_only: bool,
+    cancel: Cancel,
 }
 
 pub fn sed(target: &SedTarget, query: &Query) -> Result<FsResponse, FsError> {
@@ -109,6 +117,7 @@ fn sed_with(
     // The directory of the previous walked file: files come grouped by directory.
     let mut last_dir: Option<(PathBuf, Dir)> = None;
     for (place, shown) in places.iter().zip(shown) {
+        edit.cancel.check()?;
         let shown = shown.to_string_lossy().into_owned();
         let outcome = match (place, &tree) {
             (Place::Walked(rel), Some((root_dir, _))) => {
@@ -178,39 +187,89 @@ fn rewrite_walked(
     rewrite(dir, name, edit, true)
 }
 
+/// Why an edit's result was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("the result would be larger than {} MiB: edit it with exec", SED_MAX_FILE_BYTES >> 20)]
+    TooLarge,
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
+}
+
 impl Edit {
     pub fn new(query: &Query) -> Result<Edit, FsError> {
+        if query.replacement.len() > SED_MAX_REPLACEMENT_BYTES {
+            return Err(FsError::new(
+                FsErrorCode::BadRequest,
+                format!(
+                    "`replacement` is {} bytes, over the most of {} KiB: write larger text \
+                     with fs::write",
+                    query.replacement.len(),
+                    SED_MAX_REPLACEMENT_BYTES >> 10
+                ),
+            ));
+        }
+        let regex = pattern::regex(query.pattern, !query.regex, query.ignore_case, true)?;
+        let replacement = if query.regex {
+            Template::parse(query.replacement.as_bytes(), &regex)
+        } else {
+            Template::literal(query.replacement.as_bytes())
+        };
         Ok(Edit {
-            regex: pattern::regex(query.pattern, !query.regex, query.ignore_case, true)?,
-            replacement: query.replacement.as_bytes().to_vec(),
-            expand: query.regex,
+            regex,
+            replacement,
             first_only: query.first_only,
+            cancel: call::current(),
         })
     }
 
-    /// The edited bytes and the number of replacements; `None` when nothing matched.
-    pub fn apply(&self, data: &[u8]) -> Option<(Vec<u8>, u64)> {
-        let mut out = Vec::new();
+    /// Writes the edited `data` to `out`, at most `cap` bytes of it; the number of
+    /// replacements. Check [`Edit::matches`] first: without a match the result is `data`.
+    pub fn apply_to(&self, data: &[u8], out: &mut dyn Write, cap: u64) -> Result<u64, ApplyError> {
+        let mut written = 0u64;
+        let mut put =
+            |bytes: u64,
+             out: &mut dyn Write,
+             write: &dyn Fn(&mut dyn Write) -> std::io::Result<()>| {
+                written += bytes;
+                if written > cap {
+                    return Err(ApplyError::TooLarge);
+                }
+                write(out)?;
+                Ok(())
+            };
         let mut last = 0;
         let mut count = 0u64;
         for caps in self.regex.captures_iter(data) {
             let Some(found) = caps.get(0) else { continue };
-            out.extend_from_slice(&data[last..found.start()]);
-            if self.expand {
-                caps.expand(&self.replacement, &mut out);
-            } else {
-                out.extend_from_slice(&self.replacement);
-            }
+            let before = &data[last..found.start()];
+            put(before.len() as u64, out, &|out| out.write_all(before))?;
+            put(self.replacement.size(&caps), out, &|out| {
+                self.replacement.write(&caps, out)
+            })?;
             last = found.end();
             count += 1;
             if self.first_only {
                 break;
             }
         }
-        if count == 0 {
+        let rest = &data[last..];
+        put(rest.len() as u64, out, &|out| out.write_all(rest))?;
+        Ok(count)
+    }
+
+    pub fn matches(&self, data: &[u8]) -> bool {
+        self.regex.is_match(data)
+    }
+
+    /// The edited bytes and the number of replacements; `None` when nothing matched.
+    #[cfg(test)]
+    pub fn apply(&self, data: &[u8]) -> Option<(Vec<u8>, u64)> {
+        if !self.matches(data) {
             return None;
         }
-        out.extend_from_slice(&data[last..]);
+        let mut out = Vec::new();
+        let count = self.apply_to(data, &mut out, u64::MAX).ok()?;
         Some((out, count))
     }
 }
@@ -266,21 +325,29 @@ fn rewrite(dir: &Dir, name: &OsStr, edit: &Edit, skip_binary: bool) -> Result<Op
             SED_MAX_FILE_BYTES >> 20
         ));
     }
-    let mut data = Vec::new();
+    // Held while the file is in memory: waits for room other calls hold (the deadline
+    // answers a call that waits too long).
+    let Some(_room) = budget::take(meta.len() as usize, &edit.cancel) else {
+        return Err("timed out waiting for memory".into());
+    };
+    let mut data = Vec::with_capacity(meta.len() as usize);
     (&mut file)
-        .take(SED_MAX_FILE_BYTES + 1)
+        .take(meta.len() + 1)
         .read_to_end(&mut data)
         .map_err(|e| e.to_string())?;
-    if data.len() as u64 > SED_MAX_FILE_BYTES {
-        return Err("grew too large while being read".into());
+    if data.len() as u64 > meta.len() {
+        return Err("grew while being read".into());
     }
     if skip_binary && is_binary(&data[..data.len().min(BINARY_PROBE)]) {
         return Ok(None);
     }
-    let Some((edited, count)) = edit.apply(&data) else {
+    if !edit.matches(&data) {
         return Ok(Some(0));
-    };
-    replace_atomically(dir, name, &edited, &meta).map_err(|e| e.to_string())?;
+    }
+    let count = replace_atomically(dir, name, &meta, &mut |out| {
+        edit.apply_to(&data, out, SED_MAX_FILE_BYTES)
+    })
+    .map_err(|e| e.to_string())?;
     Ok(Some(count))
 }
 
@@ -303,34 +370,38 @@ impl Drop for Temp<'_> {
     }
 }
 
-/// Writes `data` to a temporary file beside `name` in `dir` with `meta`'s mode and owner,
-/// then renames it over `name`: readers see the old file or the new one, never a mix. Both
-/// steps are relative to `dir`, so they happen in the directory the file was read from.
-fn replace_atomically(
+/// Writes what `fill` produces to a temporary file beside `name` in `dir` with `meta`'s mode
+/// and owner, then renames it over `name`: readers see the old file or the new one, never a
+/// mix, and a failed `fill` leaves the old one. Both steps are relative to `dir`, so they
+/// happen in the directory the file was read from.
+fn replace_atomically<T>(
     dir: &Dir,
     name: &OsStr,
-    data: &[u8],
     meta: &std::fs::Metadata,
-) -> std::io::Result<()> {
+    fill: &mut dyn FnMut(&mut dyn Write) -> Result<T, ApplyError>,
+) -> Result<T, ApplyError> {
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let mut temp = Temp {
         dir,
         name: OsString::from(format!(".sed-{}-{n}.tmp", std::process::id())),
         renamed: false,
     };
-    let mut file = dir.create_new(&temp.name, 0o600)?;
-    fill(&mut file, data, meta)?;
+    let file = dir.create_new(&temp.name, 0o600)?;
+    let mut out = BufWriter::with_capacity(64 * 1024, file);
+    let value = fill(&mut out)?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    finish(&file, meta)?;
     drop(file);
     dir.rename(&temp.name, name)?;
     temp.renamed = true;
-    Ok(())
+    Ok(value)
 }
 
-fn fill(file: &mut File, data: &[u8], meta: &std::fs::Metadata) -> std::io::Result<()> {
-    file.write_all(data)?;
+/// The temporary's owner and mode as the old file's, and its bytes on disk.
+fn finish(file: &std::fs::File, meta: &std::fs::Metadata) -> std::io::Result<()> {
     let mine = file.metadata()?;
     if (mine.uid(), mine.gid()) != (meta.uid(), meta.gid()) {
-        std::os::unix::fs::fchown(&*file, Some(meta.uid()), Some(meta.gid()))?;
+        std::os::unix::fs::fchown(file, Some(meta.uid()), Some(meta.gid()))?;
     }
     // After chown, which clears setuid/setgid bits.
     file.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
@@ -382,6 +453,37 @@ mod tests {
         assert_eq!(edit(&lines, "#a\nb\n#c\n").unwrap(), ("b\n".to_string(), 2));
         assert_eq!(edit(&query("zzz", "y"), "abc"), None);
         assert!(Edit::new(&query("(", "")).is_err());
+    }
+
+    #[test]
+    fn replacements_and_results_are_bounded() {
+        let most = "r".repeat(SED_MAX_REPLACEMENT_BYTES);
+        assert!(Edit::new(&query("a", &most)).is_ok());
+        let over = "r".repeat(SED_MAX_REPLACEMENT_BYTES + 1);
+        let refused = Edit::new(&query("a", &over)).err().expect("refused");
+        assert_eq!(refused.code, FsErrorCode::BadRequest);
+        // A result past the cap stops being written at the cap, whatever the references.
+        let references = "$1".repeat(1000);
+        let edit = Edit::new(&query("(a+)", &references)).unwrap();
+        let mut out = Vec::new();
+        let failed = edit.apply_to(&[b'a'; 10_000], &mut out, 64 * 1024);
+        assert!(matches!(failed, Err(ApplyError::TooLarge)), "{failed:?}");
+        assert!(out.len() <= 64 * 1024, "{}", out.len());
+        // The same edit in a file: it fails, and the file is left as it was.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "a".repeat(40_000)).unwrap();
+        let bomb = query("(a+)", &references); // 40 MB of result
+        let files = SedTarget::Files(vec![file.to_string_lossy().into_owned()]);
+        let (rows, total) = results(sed(&files, &bomb).unwrap());
+        assert_eq!(total, 0);
+        assert!(!rows[0].success, "{rows:?}");
+        assert!(
+            rows[0].error.as_deref().unwrap_or("").contains("MiB"),
+            "{rows:?}"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), "a".repeat(40_000).as_bytes());
+        assert!(sed_files_under(dir.path()).is_empty(), "no temporary left");
     }
 
     fn results(response: FsResponse) -> (Vec<SedFileResult>, u64) {
@@ -547,7 +649,10 @@ mod tests {
         let meta = std::fs::metadata(dir.path().join("f")).unwrap();
         let opened = Dir::open(dir.path()).unwrap();
         // Renaming a file over a non-empty directory fails after the temporary is written.
-        let failed = replace_atomically(&opened, OsStr::new("taken"), b"new", &meta);
+        let failed = replace_atomically(&opened, OsStr::new("taken"), &meta, &mut |out| {
+            out.write_all(b"new")?;
+            Ok(())
+        });
         assert!(failed.is_err());
         assert!(sed_files_under(dir.path()).is_empty(), "no temporary left");
     }

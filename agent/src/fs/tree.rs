@@ -114,6 +114,7 @@ fn change_held(
     if kind == Kind::Symlink {
         return Ok(()); // modes of links mean nothing; never follow them out of the tree
     }
+    super::call::current().check()?;
     hook(path);
     if change.uid.is_some() || change.gid.is_some() {
         at::chown_fd(fd, change.uid, change.gid).map_err(|e| os_error(path, e))?;

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use agent_proto::{FsError, FsErrorCode};
 
 use super::at::{Dir, Kind};
+use super::call;
 use super::pattern::Filter;
 use super::{fs_error, os_error};
 
@@ -68,7 +69,7 @@ struct Pending {
 /// by [`start`]): each directory's files in name order, then its subdirectories (only its
 /// direct files unless `recursive`). Each subdirectory is opened from its parent's
 /// descriptor with `O_NOFOLLOW`: one swapped for a link meanwhile is skipped, never entered.
-/// `visit` may stop the walk.
+/// `visit` may stop the walk; the call's deadline ends it with S216.
 pub fn files(
     root_dir: &Dir,
     root: &Path,
@@ -80,7 +81,9 @@ pub fn files(
     let root_dev = first.dev().unwrap_or(0);
     let mut next = Some((Rc::new(first), PathBuf::new(), root_dev));
     let mut pending: Vec<Pending> = Vec::new();
+    let cancel = call::current();
     loop {
+        cancel.check()?;
         let (dir, relative, dev) = match next.take() {
             Some(start) => start,
             None => {
@@ -106,6 +109,7 @@ pub fn files(
             let rel = relative.join(&entry.name);
             match entry.kind {
                 Kind::File if filter.keeps_file(&rel) => {
+                    cancel.check()?;
                     let path = root.join(&rel);
                     let found = Found {
                         path: &path,

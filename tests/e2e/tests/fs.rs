@@ -584,27 +584,32 @@ async fn an_fs_call_in_flight_keeps_the_reaper_away() {
     }
     let stack = Stack::bwrap().await;
     let id = create(&stack, "python", json!({"idle_timeout_secs": 1})).await;
-    // Reading a FIFO blocks in the agent until something writes to it: an fs call that stays
-    // in flight for as long as we like, well past the idle timeout.
-    exec_ok(&stack, &id, sh("mkfifo /tmp/pipe")).await;
-    let read = fs(&stack, "read", &id, json!({"path": "/tmp/pipe"}));
+    // A write fed through a channel stays in flight while its stream is open: the test sends
+    // part of it, waits well past the idle timeout, then sends the rest.
+    let (write_end, read_end) = sandbox_support::streams::channel(&stack).await;
+    let writer_ref = sandbox_support::streams::channel_ref(&write_end);
+    let writer = ChannelWriter::new(&stack.engine.url(), &writer_ref);
+    let write = fs(
+        &stack,
+        "write",
+        &id,
+        json!({"path": "/tmp/slow.txt", "content": read_end}),
+    );
     let meanwhile = async {
+        writer.write(b"first ").await.expect("channel write");
         tokio::time::sleep(Duration::from_secs(4)).await;
         let live = live_ids(&stack).await;
-        exec_ok(&stack, &id, sh("echo through > /tmp/pipe")).await;
+        writer.write(b"last\n").await.expect("channel write");
+        writer.close().await.expect("channel close");
         live
     };
-    let (read, live_during_read) = tokio::join!(read, meanwhile);
+    let (write, live_during_write) = tokio::join!(write, meanwhile);
     assert!(
-        live_during_read.contains(&id),
-        "reaped mid-call: {live_during_read:?}"
+        live_during_write.contains(&id),
+        "reaped mid-call: {live_during_write:?}"
     );
-    // The call did finish once the FIFO had a writer. The agent seeks before reading, which a
-    // FIFO refuses (S216, ESPIPE); should it learn to read pipes, the body is what was written.
-    match read {
-        Ok(read) => assert_eq!(read["body"], "through\n", "{read}"),
-        Err(e) => assert_eq!(expect_err(Err(e), "fifo read").0, "S216"),
-    }
+    let written = write.unwrap_or_else(|e| panic!("slow write: {e:?}"));
+    assert_eq!(written["bytes_written"], 11, "{written}");
     // Idle again, it goes.
     let reaped = eventually(Duration::from_secs(20), || async {
         !live_ids(&stack).await.contains(&id)

@@ -13,7 +13,7 @@ mod tree;
 
 use std::sync::Arc;
 
-use agent_proto::{FsRequest, FsResponse};
+use agent_proto::{AgentError, FsRequest, FsResponse, FS_CALL_TIMEOUT};
 use serde_json::Value;
 
 use crate::backend::Backend;
@@ -56,10 +56,20 @@ fn begin<B: Backend>(
     plugin.registry.begin_call(id)
 }
 
-/// One filesystem operation in `sandbox`'s agent.
+/// One filesystem operation in `sandbox`'s agent. It ends: the agent answers S216 at its
+/// deadline, and the client gives up on an agent that does not, also S216 here, so no call
+/// keeps the sandbox from its idle timeout for ever.
 async fn on_agent(sandbox: &Sandbox, op: FsRequest) -> Result<FsResponse, SandboxError> {
     match sandbox.agent.fs(op).await {
         Ok(response) => Ok(response),
+        Err(AgentError::Unresponsive { .. }) => Err(SandboxError::Fs {
+            code: FsCode::Io,
+            message: format!(
+                "the agent did not answer within {} s: timed out",
+                FS_CALL_TIMEOUT.as_secs()
+            ),
+            fix: None,
+        }),
         Err(e) => Err(agent_failure(sandbox, e).await),
     }
 }
