@@ -1,12 +1,15 @@
 //! The bounded soak (issue 10) on the bwrap plugin: mixed create / exec / fs::write /
 //! fs::read / stop at the caps (`max_concurrent_sandboxes`, exec slots) for
-//! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), then the
-//! adapter's fds, threads and RSS, the sandboxes' cgroups, the host's mounts, the state
-//! directories and the host's sandbox processes (of any id) must come back to where they
-//! started. Prints the snapshots.
+//! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), with a guest
+//! flooding its agent with signals and a worker VM flooding its output all along (their host
+//! logs checked against the README's ceiling each round), then the adapter's fds, threads and
+//! RSS, the sandboxes' cgroups, the host's mounts, the state directories and the host's
+//! sandbox processes (of any id) must come back to where they started. Prints the snapshots.
 
 mod sandbox_support;
+mod worker_support;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +24,10 @@ const WORKERS: usize = 6;
 /// RSS the adapter may keep above its start after the soak (allocator caches, the image
 /// store's index).
 const RSS_SLACK_KIB: u64 = 96 * 1024;
+/// One log's ceiling on the host (README "Logs"): two files of 2 MiB.
+const LOG_CEILING: u64 = 2 * (2 << 20);
+/// What the log flood's worker prints a start.
+const LOG_FLOOD_BYTES: u64 = 40 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Snapshot {
@@ -110,6 +117,8 @@ struct Counts {
     writes: AtomicU64,
     reads: AtomicU64,
     stops: AtomicU64,
+    signal_floods: AtomicU64,
+    log_floods: AtomicU64,
 }
 
 async fn call(stack: &Stack, function: &str, payload: Value) -> Value {
@@ -171,6 +180,92 @@ async fn client(stack: Arc<Stack>, deadline: Instant, counts: Arc<Counts>, seed:
     }
 }
 
+/// Bytes in the regular files under `dir` whose name `wanted` accepts (links not followed).
+fn bytes_under(dir: &Path, wanted: &dyn Fn(&str) -> bool) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() && wanted(&entry.file_name().to_string_lossy()) {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+/// The signal flood: a sandbox whose program, ignoring SIGTERM and SIGINT, sends both to the
+/// agent in a loop for 3 s; the sandbox's host files stay under one log's ceiling.
+async fn signal_flooder(stack: Arc<Stack>, deadline: Instant, counts: Arc<Counts>) {
+    let flood = "import os, signal, time\n\
+                 signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+                 signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+                 end = time.time() + 3\n\
+                 while time.time() < end:\n\
+                 \x20   os.kill(1, signal.SIGTERM); os.kill(1, signal.SIGINT)\n";
+    while Instant::now() < deadline {
+        let id = match stack.call("create", json!({"image": "python"})).await {
+            Ok(answer) => answer["sandbox_id"].as_str().unwrap().to_string(),
+            Err(e) if s_code(&e) == "S400" => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => panic!("create: {e:?}\n{}", stack.adapter.log()),
+        };
+        let layer = stack.state_dir.path().join("sandboxes").join(&id);
+        call(
+            &stack,
+            "exec",
+            json!({"sandbox_id": id, "argv": ["python3", "-c", flood], "timeout_ms": 30_000}),
+        )
+        .await;
+        let bytes = bytes_under(&layer, &|_| true);
+        assert!(bytes < LOG_CEILING, "a signal flood left {bytes} bytes");
+        call(&stack, "stop", json!({"sandbox_id": id, "wait": true})).await;
+        counts.signal_floods.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The log flood: a worker VM printing [`LOG_FLOOD_BYTES`] a start, started again whenever it
+/// ends; its host logs (the worker's and its sandbox's) stay under two logs' ceiling while
+/// it runs. Destroyed at the end, so it leaves nothing.
+async fn log_flooder(stack: Arc<Stack>, compose: PathBuf, deadline: Instant, counts: Arc<Counts>) {
+    let vm = json!({"vm_id": "soak-flood"});
+    let prepare = json!({"vm_id": "soak-flood", "image": "python", "host_path": compose});
+    worker_support::worker_ok(&stack, "prepare", prepare).await;
+    let flood = format!(
+        "import sys\nline = b'y' * 65535 + b'\\n'\nfor _ in range({}):\n    sys.stdout.buffer.write(line)\n",
+        LOG_FLOOD_BYTES / 65536
+    );
+    let start = json!({"vm_id": "soak-flood", "command": ["python3", "-c", flood]});
+    let dir = stack.state_dir.path().join("workers/soak-flood");
+    let log_file = |name: &str| name.ends_with(".log") || name.ends_with(".log.1");
+    while Instant::now() < deadline {
+        worker_support::worker_ok(&stack, "start", start.clone()).await;
+        let mut peak = 0;
+        loop {
+            let status = worker_support::worker_ok(&stack, "status", vm.clone()).await;
+            peak = peak.max(bytes_under(&dir, &log_file));
+            if status["state"] != "running" {
+                assert_eq!(status["exit_code"], 0, "{status}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            peak <= 2 * LOG_CEILING,
+            "a worker's logs reached {peak} bytes"
+        );
+        counts.log_floods.fetch_add(1, Ordering::Relaxed);
+    }
+    worker_support::worker_ok(&stack, "destroy", vm).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_soak_at_the_caps_leaves_nothing_behind() {
     let test = "a_soak_at_the_caps_leaves_nothing_behind";
@@ -181,10 +276,11 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
+    let compose = e2e_tests::host_dir();
     let stack = Arc::new(
         Stack::start(
             json!({"max_concurrent_sandboxes": CAP, "default_disk_mb": 64}),
-            Default::default(),
+            worker_support::compose_options(compose.path()),
         )
         .await,
     );
@@ -215,6 +311,19 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
             ))
         })
         .collect();
+    let floods = [
+        tokio::spawn(signal_flooder(
+            Arc::clone(&stack),
+            deadline,
+            Arc::clone(&counts),
+        )),
+        tokio::spawn(log_flooder(
+            Arc::clone(&stack),
+            compose.path().to_path_buf(),
+            deadline,
+            Arc::clone(&counts),
+        )),
+    ];
     let mut peak = start;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -229,7 +338,7 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
             processes: peak.processes.max(now.processes),
         };
     }
-    for client in clients {
+    for client in clients.into_iter().chain(floods) {
         client.await.expect("a soak client panicked");
     }
     let came_back = eventually(Duration::from_secs(30), || async {
@@ -239,13 +348,16 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
     let end = snapshot(&stack);
     let total = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
-        "soak of {secs} s, {WORKERS} clients, cap {CAP}: {} creates ({} refused at the cap), {} execs, {} writes, {} reads, {} stops",
+        "soak of {secs} s, {WORKERS} clients, cap {CAP}: {} creates ({} refused at the cap), {} execs, {} writes, {} reads, {} stops; {} signal floods, {} log floods of {} MiB",
         total(&counts.creates),
         total(&counts.refused_at_cap),
         total(&counts.execs),
         total(&counts.writes),
         total(&counts.reads),
-        total(&counts.stops)
+        total(&counts.stops),
+        total(&counts.signal_floods),
+        total(&counts.log_floods),
+        LOG_FLOOD_BYTES >> 20
     );
     println!("| | fds | threads | RSS KiB | cgroups | mounts | state dirs | processes |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -256,6 +368,10 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
         );
     }
     assert!(total(&counts.stops) > 0, "the soak ran no sandbox");
+    assert!(
+        total(&counts.signal_floods) > 0 && total(&counts.log_floods) > 0,
+        "the floods ran"
+    );
     assert!(
         came_back,
         "the adapter did not come back to where it started: start {start:?}, end {end:?}\n{}",
