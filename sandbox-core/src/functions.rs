@@ -128,7 +128,7 @@ fn create_request() -> Value {
                     }}
                 ]
             },
-            "idle_timeout_secs": {"type": "integer", "minimum": 1},
+            "idle_timeout_secs": {"type": "integer", "minimum": 1, "maximum": crate::request::MAX_IDLE_TIMEOUT_SECS},
             "env": env_schema(),
         }),
     )

@@ -11,6 +11,33 @@ use uuid::Uuid;
 
 use crate::error::SandboxError;
 
+/// The longest `idle_timeout_secs` a create may ask: a week. Longer is a sandbox nobody
+/// watches; and far larger values overflow the clocks they are added to.
+pub const MAX_IDLE_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+/// An `env` variable's name at most (glibc and the shells have no limit of their own; no
+/// real name comes near it).
+pub const MAX_ENV_NAME_BYTES: usize = 256;
+/// An `env` variable's value at most: Linux refuses longer strings at execve
+/// (`MAX_ARG_STRLEN`, 32 pages), so a longer one could never reach a program anyway.
+pub const MAX_ENV_VALUE_BYTES: usize = 128 * 1024;
+/// All of one request's `env` together (names, values, one byte each for `=`), and how many
+/// variables: an exec travels to the agent in one 1 MiB frame, with its argv beside it.
+pub const MAX_ENV_TOTAL_BYTES: usize = 512 * 1024;
+pub const MAX_ENV_VARS: usize = 4096;
+
+/// `text` shortened for an error message: a refused field may be huge, or a secret.
+fn shown(text: &str) -> String {
+    const MOST: usize = 40;
+    if text.len() <= MOST {
+        return format!("{text:?}");
+    }
+    let mut end = MOST;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &text[..end], text.len())
+}
+
 /// Deserialises a request object; the error names what is wrong.
 pub fn parse<T: DeserializeOwned>(payload: Value) -> Result<T, SandboxError> {
     if !payload.is_object() {
@@ -48,21 +75,55 @@ pub fn env_pairs(env: Option<Value>) -> Result<Vec<(String, String)>, SandboxErr
             .map(|item| match item.split_once('=') {
                 Some((k, v)) => Ok((k.to_string(), v.to_string())),
                 None => Err(SandboxError::InvalidRequest(format!(
-                    "`env` entry {item:?} is not K=V"
+                    "`env` entry {} is not K=V",
+                    shown(&item)
                 ))),
             })
             .collect::<Result<_, _>>()?,
         EnvInput::Map(map) => map.into_iter().collect(),
     };
-    for (name, value) in &pairs {
+    check_env(&pairs)?;
+    Ok(pairs)
+}
+
+/// Names and values well formed and within the ceilings (`MAX_ENV_*`).
+fn check_env(pairs: &[(String, String)]) -> Result<(), SandboxError> {
+    let invalid = |why: String| Err(SandboxError::InvalidRequest(why));
+    if pairs.len() > MAX_ENV_VARS {
+        return invalid(format!(
+            "`env` has {} variables, more than {MAX_ENV_VARS}",
+            pairs.len()
+        ));
+    }
+    let mut total = 0usize;
+    for (name, value) in pairs {
         let bad_name = name.is_empty() || name.contains('=') || name.contains('\0');
         if bad_name || value.contains('\0') {
-            return Err(SandboxError::InvalidRequest(format!(
-                "`env` has an invalid variable {name:?}"
-            )));
+            return invalid(format!("`env` has an invalid variable {}", shown(name)));
         }
+        if name.len() > MAX_ENV_NAME_BYTES {
+            return invalid(format!(
+                "`env` variable {} has a name over {MAX_ENV_NAME_BYTES} bytes",
+                shown(name)
+            ));
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES {
+            return invalid(format!(
+                "`env` variable {} has a value of {} bytes, over {} KiB",
+                shown(name),
+                value.len(),
+                MAX_ENV_VALUE_BYTES >> 10
+            ));
+        }
+        total += name.len() + 1 + value.len();
     }
-    Ok(pairs)
+    if total > MAX_ENV_TOTAL_BYTES {
+        return invalid(format!(
+            "`env` totals {total} bytes, over {} KiB",
+            MAX_ENV_TOTAL_BYTES >> 10
+        ));
+    }
+    Ok(())
 }
 
 pub fn sandbox_id(text: &str) -> Result<Uuid, SandboxError> {
@@ -162,6 +223,32 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn env_ceilings_hold_and_refusals_never_echo_the_input() {
+        let at = |name: usize, value: usize| {
+            env_pairs(Some(json!({ "N".repeat(name): "v".repeat(value) })))
+        };
+        assert!(at(MAX_ENV_NAME_BYTES, MAX_ENV_VALUE_BYTES).is_ok());
+        for (name, value) in [
+            (MAX_ENV_NAME_BYTES + 1, 1),
+            (100_000, 1),
+            (1, MAX_ENV_VALUE_BYTES + 1),
+        ] {
+            let error = at(name, value).unwrap_err();
+            assert_eq!(error.code(), "S001");
+            assert!(error.to_string().len() < 300, "{error}");
+        }
+        let list = env_pairs(Some(json!(["K".repeat(10_000)]))).unwrap_err();
+        assert!(list.to_string().len() < 300, "{list}");
+        let many: Vec<String> = (0..=MAX_ENV_VARS).map(|i| format!("V{i}=1")).collect();
+        assert_eq!(env_pairs(Some(json!(many))).unwrap_err().code(), "S001");
+        let big = "v".repeat(MAX_ENV_VALUE_BYTES);
+        let total: Vec<String> = (0..5).map(|i| format!("V{i}={big}")).collect();
+        assert_eq!(env_pairs(Some(json!(total))).unwrap_err().code(), "S001");
+        let fits: Vec<String> = (0..3).map(|i| format!("V{i}={big}")).collect();
+        assert!(env_pairs(Some(json!(fits))).is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::error::SandboxError;
 use crate::images;
 use crate::plugin::SandboxPlugin;
 use crate::registry::{NewSandbox, Sandbox};
-use crate::request::{env_pairs, parse};
+use crate::request::{env_pairs, parse, MAX_IDLE_TIMEOUT_SECS};
 use crate::warm_pool;
 
 /// How long a booted sandbox may take to greet us (a microVM under emulation is slow).
@@ -286,8 +286,12 @@ fn check_request(options: &CreateOptions, cpus: u32, memory_mb: u32) -> Result<(
     if memory_mb < 16 {
         return invalid("`memory_mb` must be at least 16");
     }
-    if options.idle_timeout_secs == Some(0) {
-        return invalid("`idle_timeout_secs` must be at least 1");
+    if let Some(secs) = options.idle_timeout_secs {
+        if !(1..=MAX_IDLE_TIMEOUT_SECS).contains(&secs) {
+            return Err(SandboxError::InvalidRequest(format!(
+                "`idle_timeout_secs` must be 1 to {MAX_IDLE_TIMEOUT_SECS} (a week)"
+            )));
+        }
     }
     if options
         .name
@@ -397,4 +401,25 @@ pub(crate) fn check_host_can_boot<B: Backend>(
 /// only where `allow_unbounded_sandboxes` let them boot without): for each create's log line.
 pub(crate) fn bounded<B: Backend>(plugin: &SandboxPlugin<B>) -> bool {
     matches!(plugin.backend.bounds(), Bounds::Held(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_timeouts_are_one_second_to_a_week() {
+        let with = |secs: u64| CreateOptions {
+            image: "python".into(),
+            idle_timeout_secs: Some(secs),
+            ..CreateOptions::default()
+        };
+        for good in [1, 300, MAX_IDLE_TIMEOUT_SECS] {
+            assert!(check_request(&with(good), 1, 512).is_ok(), "{good}");
+        }
+        for bad in [0, MAX_IDLE_TIMEOUT_SECS + 1, 1 << 63, u64::MAX] {
+            let error = check_request(&with(bad), 1, 512).unwrap_err();
+            assert_eq!(error.code(), "S001", "{bad}");
+        }
+    }
 }

@@ -83,6 +83,18 @@ impl Workers {
         })
     }
 
+    /// A `vm_id` the guest may see (as `III_WORKER_VM_ID`, in paths and logs): a bounded
+    /// identifier, never the worker token (refused without saying what it was).
+    fn check_vm_id(&self, vm_id: &str) -> Result<(), SandboxError> {
+        if self.token.mentions(vm_id) {
+            return Err(SandboxError::InvalidRequest(
+                "`vm_id` holds the worker token, which never enters a guest: choose another id"
+                    .into(),
+            ));
+        }
+        check_vm_id(vm_id)
+    }
+
     fn op_lock(&self, vm_id: &str) -> Arc<tokio::sync::Mutex<()>> {
         Arc::clone(lock(&self.op_locks).entry(vm_id.to_string()).or_default())
     }
@@ -153,7 +165,7 @@ async fn prepare<B: Backend>(
     request: PrepareRequest,
 ) -> Result<Value, SandboxError> {
     let workers = &plugin.workers;
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     if request.image.trim().is_empty() {
         return Err(SandboxError::InvalidRequest("`image` is empty".into()));
     }
@@ -245,7 +257,7 @@ async fn start<B: Backend>(
     request: StartRequest,
 ) -> Result<Value, SandboxError> {
     let workers = &plugin.workers;
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     let command = request.command;
     match command.first() {
         None => return Err(SandboxError::InvalidRequest("`command` is empty".into())),
@@ -299,7 +311,7 @@ fn status<B: Backend>(
     plugin: &Arc<SandboxPlugin<B>>,
     request: VmRequest,
 ) -> Result<Value, SandboxError> {
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     let record = plugin.workers.load(&request.vm_id)?;
     let run = plugin.workers.run(&request.vm_id);
     Ok(status_json(plugin, &record, run.as_deref()))
@@ -344,7 +356,7 @@ fn logs<B: Backend>(
     plugin: &Arc<SandboxPlugin<B>>,
     request: LogsRequest,
 ) -> Result<Value, SandboxError> {
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     let max_bytes = match request.max_bytes {
         Some(0) => {
             return Err(SandboxError::InvalidRequest(
@@ -376,7 +388,7 @@ async fn stop<B: Backend>(
     request: StopRequest,
 ) -> Result<Value, SandboxError> {
     let workers = &plugin.workers;
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     let timeout = Duration::from_millis(request.timeout_ms.unwrap_or(DEFAULT_STOP_TIMEOUT_MS));
     let vm_id = request.vm_id;
     let op_lock = workers.op_lock(&vm_id);
@@ -401,7 +413,7 @@ async fn destroy<B: Backend>(
     request: VmRequest,
 ) -> Result<Value, SandboxError> {
     let workers = &plugin.workers;
-    check_vm_id(&request.vm_id)?;
+    plugin.workers.check_vm_id(&request.vm_id)?;
     let vm_id = request.vm_id;
     let op_lock = workers.op_lock(&vm_id);
     let _serialised = op_lock.lock().await;
@@ -488,4 +500,31 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_id_holding_the_token_is_refused_without_echoing_it() {
+        let state = tempfile::tempdir().unwrap();
+        let mut workers = Workers::open(state.path()).unwrap();
+        let token = "tok-0123456789abcdef";
+        workers.token = TokenFilter::new(Some(token.into()));
+        assert!(workers.check_vm_id("api-1").is_ok());
+        for bad in [
+            token.to_string(),
+            format!("w-{token}"),
+            token.to_uppercase(),
+        ] {
+            let error = workers.check_vm_id(&bad).unwrap_err();
+            assert_eq!(error.code(), "S001", "{bad}");
+            let message = error.to_string();
+            assert!(!message.to_lowercase().contains(token), "{message}");
+        }
+        let long = "w".repeat(100_000);
+        let error = workers.check_vm_id(&long).unwrap_err();
+        assert!(error.to_string().len() < 200, "{error}");
+    }
 }

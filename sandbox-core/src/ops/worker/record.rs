@@ -63,8 +63,10 @@ pub fn check_vm_id(vm_id: &str) -> Result<(), SandboxError> {
     if first_ok && rest_ok && bytes.len() <= 63 {
         return Ok(());
     }
+    // Not echoed: a refused id may be anything a caller sent, a secret included.
     Err(SandboxError::InvalidRequest(format!(
-        "`vm_id` {vm_id:?} must match ^[a-z0-9][a-z0-9_.-]{{0,62}}$"
+        "`vm_id` ({} bytes) must match ^[a-z0-9][a-z0-9_.-]{{0,62}}$",
+        vm_id.len()
     )))
 }
 
