@@ -85,8 +85,18 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     // The OOM killer takes a program before the agent: here by the agent's own score where
-    // it may lower it (a VM), and always by each exec's raised one.
-    let _ = sys::avoid_oom_killer();
+    // it may lower it (a VM: -1000), and always by each exec's raised one (1000). In a user
+    // namespace (bwrap) the agent keeps the score it inherited (the kernel lets only a
+    // holder of CAP_SYS_RESOURCE in the host lower it) and its memory stays small (fs calls
+    // work in bounded buffers), so any program larger than it goes first.
+    fs::settle_allocator();
+    if let Err(e) = sys::avoid_oom_killer() {
+        let kept = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default();
+        log!(
+            "oom_score_adj stays {} ({e}); programs start at 1000",
+            kept.trim()
+        );
+    }
     // Before any thread exists, so every thread inherits the mask.
     if let Err(e) = sys::block_handled_signals() {
         log!("cannot block signals: {e}");

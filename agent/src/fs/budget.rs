@@ -41,6 +41,23 @@ impl Drop for Grant {
     }
 }
 
+/// Makes glibc's allocator give large buffers back when they are freed. By default it raises
+/// its mmap threshold after the first large free (up to 32 MiB) and from then on serves such
+/// buffers from per-thread arenas, which keep the memory: with fs calls on many threads the
+/// agent's resident size grew to twice the budget (measured: 126 MiB for six concurrent
+/// greps over 12 MiB files). A fixed threshold keeps every buffer over it in a mapping of its
+/// own, unmapped at free; fewer arenas keep the small allocations together.
+pub fn settle_allocator() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's parameters; it is called before the
+    // agent starts any thread, and is thread-safe in glibc regardless.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1024 * 1024);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 /// Room for `bytes` now, or `None` (more than the whole budget never fits).
 pub fn try_take(bytes: usize) -> Option<Grant> {
     let mut used = used();

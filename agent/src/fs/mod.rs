@@ -25,6 +25,8 @@ use agent_proto::{FsError, FsErrorCode, FsReply, FsRequest, FsResponse, Message,
 use crate::log::log;
 use crate::outbox::Outbox;
 
+pub use budget::settle_allocator;
+
 /// Starts one request on a thread of its own; its reply (a read sends its `Data` frames
 /// first) comes by `FS_CALL_TIMEOUT` at the latest. A call the agent cannot take now is
 /// answered S216 at once.

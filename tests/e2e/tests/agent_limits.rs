@@ -211,6 +211,36 @@ async fn the_agent_survives_an_fs_sed_bomb_in_bounded_memory() {
         peak_kib < 96 * 1024,
         "the agent's peak memory is {peak_kib} KiB"
     );
+    // Searches at once over files of 12 MiB, each searched as one buffer when the agent's
+    // budget has room, else line by line: the agent's peak stays bounded all the same.
+    exec_ok(
+        &stack,
+        &id,
+        sh("mkdir -p /tmp/big && for i in 1 2 3 4 5 6 7 8; do \
+            head -c 12582912 /dev/zero | tr '\\0' 'g' | fold -w 200 > /tmp/big/$i.txt; done"),
+    )
+    .await;
+    let grep = || {
+        fs_ends(
+            &stack,
+            "grep",
+            &id,
+            json!({"path": "/tmp/big", "pattern": "x$", "max_matches": 10}),
+        )
+    };
+    let answers = futures::future::join_all((0..6).map(|_| grep())).await;
+    for answer in answers {
+        let answer = answer.unwrap_or_else(|e| panic!("grep: {e:?}"));
+        assert_eq!(answer["matches"], json!([]), "{answer}");
+    }
+    let peak_kib = status_kib(agent, "VmHWM").expect("the agent's VmHWM");
+    println!("agent VmHWM after 6 greps at once over 96 MiB: {peak_kib} KiB");
+    assert!(
+        // The budget of large buffers (64 MiB) and room for the rest: 126 MiB here before
+        // the allocator gave freed buffers back.
+        peak_kib < 96 * 1024,
+        "the agent's peak memory is {peak_kib} KiB"
+    );
     let (serving, list) = listed_serving(&stack, &id).await;
     assert!(serving, "{list}");
     // A normal edit still works.
@@ -301,6 +331,11 @@ async fn a_memory_bomb_beside_an_agent_call_kills_the_bomb_not_the_agent() {
     assert_eq!(agent_pid(&stack, &id), agent, "the agent was replaced");
     let guest = exec_ok(&stack, &id, sh("cat /proc/self/oom_score_adj")).await;
     let guest_score: i32 = stdout(&guest).trim().parse().expect("guest score");
+    println!(
+        "oom_score_adj: agent {}, guest program {guest_score}; agent VmHWM {:?} KiB",
+        score(agent),
+        status_kib(agent, "VmHWM")
+    );
     assert!(
         score(agent) < guest_score,
         "agent {} vs guest {guest_score}",
