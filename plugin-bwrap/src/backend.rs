@@ -355,7 +355,11 @@ impl Backend for BwrapBackend {
                 "each sandbox's own cgroup ({})",
                 cgroup::Placement::get().describe()
             )),
-            Some(missing) => Bounds::Missing(format!("{missing}. {}", cgroup::HOW_TO_DELEGATE)),
+            Some(missing) => Bounds::Missing(format!(
+                "{}{missing}. {}",
+                cgroup::Placement::get().undelegated_note(),
+                cgroup::HOW_TO_DELEGATE
+            )),
         }
     }
 

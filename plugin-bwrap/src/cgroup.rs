@@ -147,6 +147,19 @@ impl Placement {
         }
     }
 
+    /// Said before what is missing when the adapter's own cgroup is not delegated to it
+    /// (then its groups go to a hierarchy root, which only root may write).
+    pub fn undelegated_note(&self) -> String {
+        if self.delegated {
+            return String::new();
+        }
+        format!(
+            "the adapter's own cgroup is not delegated to its user (uid {}), so its groups would \
+             go to the hierarchy's root: ",
+            nix::unistd::geteuid()
+        )
+    }
+
     /// One line for `adapter::info` and the log.
     pub fn describe(&self) -> String {
         let parents: Vec<String> = self

@@ -296,6 +296,17 @@ impl Backend for LibkrunBackend {
         Ok(())
     }
 
+    fn bounds(&self) -> sandbox_core::backend::Bounds {
+        // No cgroup needed: the guest's cpus and memory are the VM's, and its processes live
+        // in the guest kernel. `allow_unbounded_sandboxes` does not apply here.
+        sandbox_core::backend::Bounds::Held(
+            "the microVM itself: its vCPUs are the sandbox's cpus, its RAM is memory_mb, and \
+             its processes live in the guest's own kernel (allow_unbounded_sandboxes does not \
+             apply)"
+                .into(),
+        )
+    }
+
     fn isolation(&self) -> serde_json::Value {
         let mut network = self.egress_tools.describe(
             "network: false: no network device and no TSI; network: true: libkrun's TSI, whose sockets are the VM runner's own, in a network namespace of the runner's own (its loopback is not the host's)",
