@@ -1,0 +1,318 @@
+//! The guard between a guest and the project's test engine, the guest being a worker made
+//! with the official Rust `iii-sdk`: what it may serve and call, what it is refused and how,
+//! its channels, and the end of its connections when its endpoint closes.
+
+use std::time::Duration;
+
+use bus_guard::{BusGuard, Policy, SandboxBus};
+use futures::{SinkExt, StreamExt};
+use iii_sdk::helpers::create_channel;
+use iii_sdk::protocol::TriggerRequest;
+use iii_sdk::runtime::WorkerMetadata;
+use iii_sdk::{
+    register_worker, Error, IIIClient, InitOptions, RegisterFunction, WorkerIdentityMode,
+};
+use iii_test_engine::client::Client;
+use iii_test_engine::{Engine, EngineHandle};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn engine() -> EngineHandle {
+    Engine::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("engine starts")
+}
+
+fn worker(url: &str, name: &str) -> IIIClient {
+    register_worker(
+        url,
+        InitOptions {
+            metadata: Some(WorkerMetadata {
+                name: name.into(),
+                ..WorkerMetadata::default()
+            }),
+            identity: WorkerIdentityMode::Explicit,
+            ..InitOptions::default()
+        },
+    )
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn guard(engine: &EngineHandle, call: &[&str]) -> BusGuard {
+    let policy = Policy::new(
+        &strings(call),
+        &strings(&["*"]),
+        &strings(&["sandbox-libkrun"]),
+        &strings(&["sandbox-libkrun"]),
+    )
+    .unwrap();
+    BusGuard::new(&engine.url(), policy)
+}
+
+fn guest_url(bus: &SandboxBus) -> String {
+    format!("ws://localhost:{}", bus.addr().port())
+}
+
+async fn call(iii: &IIIClient, function_id: &str, payload: Value) -> Result<Value, Error> {
+    iii.trigger(TriggerRequest {
+        function_id: function_id.into(),
+        payload,
+        action: None,
+        timeout_ms: Some(5_000),
+    })
+    .await
+}
+
+/// Polls `check` every 50 ms until it holds; panics after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The ids `engine::functions::list` shows.
+async fn functions(client: &Client) -> Vec<String> {
+    let list = client
+        .invoke("engine::functions::list", json!({}), WAIT)
+        .await
+        .unwrap();
+    list["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["function_id"].as_str().map(String::from))
+        .collect()
+}
+
+fn refused(result: Result<Value, Error>) -> String {
+    match result {
+        Err(Error::Remote { code, message, .. }) => {
+            assert_eq!(code, bus_guard::REFUSED_CODE, "{message}");
+            message
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn echo() -> RegisterFunction {
+    RegisterFunction::new_async(|input: Value| async move { Ok(json!({ "echo": input })) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_serves_and_calls_only_what_the_policy_allows() {
+    let engine = engine().await;
+    let host = worker(&engine.url(), "host-worker");
+    host.register_function("host::echo", echo());
+    host.register_function("host::secret", echo());
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("host::secret", None, WAIT)
+        .await
+        .unwrap();
+
+    let guard = guard(&engine, &["host::echo"]);
+    let bus = guard.open("sb-1").await.unwrap();
+    let guest = worker(&guest_url(&bus), "guest-worker");
+    guest.register_function(
+        "guest::hello",
+        RegisterFunction::new_async(
+            |input: Value| async move { Ok(json!({ "hello": input["name"] })) },
+        ),
+    );
+    guest.register_function("sandbox-libkrun::create", echo());
+    guest.register_function("host::echo", echo());
+
+    // The host calls the guest's function through the engine.
+    client
+        .wait_for_function("guest::hello", None, WAIT)
+        .await
+        .unwrap();
+    let answer = client
+        .invoke("guest::hello", json!({"name": "host"}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(answer["hello"], "host");
+
+    // The guest calls what the policy lists, and nothing else.
+    let echoed = call(&guest, "host::echo", json!({"n": 1})).await.unwrap();
+    assert_eq!(echoed["echo"]["n"], 1);
+    let message = refused(call(&guest, "host::secret", json!({})).await);
+    assert!(message.contains("sandbox_bus_call"), "{message}");
+    for (function, rule) in [
+        ("sandbox-libkrun::list", "sandbox-libkrun::"),
+        ("sandbox::run", "sandbox::"),
+        ("configuration::get", "configuration::"),
+        ("engine::functions::list", "engine::"),
+    ] {
+        let message = refused(call(&guest, function, json!({})).await);
+        assert!(message.contains(rule), "{function}: {message}");
+    }
+
+    // Its reserved registration never reached the engine; the id the host holds stays the
+    // host's (the engine refused it, the guard relayed the refusal).
+    let listed = functions(&client).await;
+    assert!(listed.contains(&"guest::hello".to_string()), "{listed:?}");
+    assert!(
+        !listed.contains(&"sandbox-libkrun::create".to_string()),
+        "{listed:?}"
+    );
+    let echoed = client
+        .invoke("host::echo", json!({"n": 2}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(echoed["echo"]["n"], 2);
+    eventually("one function served", || async { bus.functions() == 1 }).await;
+
+    // A channel through the guard: bytes in, the same bytes out.
+    let channel = create_channel(&guest, Some(4)).await.unwrap();
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let reader = tokio::spawn(async move { channel.reader.read_all().await });
+    channel.writer.write(&payload).await.unwrap();
+    channel.writer.close().await.unwrap();
+    let received = tokio::time::timeout(WAIT, reader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(received, payload);
+
+    // Closing the endpoint ends the guest's connections: its functions leave the engine.
+    let addr = bus.addr();
+    drop(bus);
+    let mut gone = false;
+    for _ in 0..200 {
+        if !functions(&client)
+            .await
+            .contains(&"guest::hello".to_string())
+        {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(gone, "guest::hello outlived its sandbox's endpoint");
+    // And the guest cannot come back through it.
+    let mut refused = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "the endpoint still listens");
+    for iii in [guest, host] {
+        iii.shutdown_async().await;
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_announcing_the_adapters_name_is_refused_as_a_worker_conflict() {
+    let engine = engine().await;
+    let guard = guard(&engine, &[]);
+    let bus = guard.open("sb-2").await.unwrap();
+    let guest = worker(&guest_url(&bus), "sandbox-libkrun");
+    guest.register_function("guest::impostor", echo());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let fatal = loop {
+        if let Some(fatal) = guest.fatal_error() {
+            break fatal;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no refusal");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    match fatal {
+        Error::RegistrationRejected {
+            code, worker_name, ..
+        } => {
+            assert_eq!(code, "WORKER_NAMESPACE_CONFLICT");
+            assert_eq!(worker_name.as_deref(), Some("sandbox-libkrun"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let client = Client::connect(&engine.url()).await.unwrap();
+    let workers = client
+        .invoke("engine::workers::list", json!({}), WAIT)
+        .await
+        .unwrap();
+    let named = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["name"] == "sandbox-libkrun")
+        .count();
+    assert_eq!(named, 0, "{workers}");
+    guest.shutdown_async().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_frames_close_only_their_own_connection() {
+    let engine = engine().await;
+    let guard = guard(&engine, &[]);
+    let bus = guard.open("sb-3").await.unwrap();
+    let guest = worker(&guest_url(&bus), "steady-guest");
+    guest.register_function("guest::steady", echo());
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("guest::steady", None, WAIT)
+        .await
+        .unwrap();
+
+    let garbage = Message::text("{not json");
+    let oversized = Message::binary(vec![b' '; bus_guard::MAX_GUEST_MESSAGE + 1]);
+    for bad in [garbage, oversized] {
+        let (mut ws, _) = tokio_tungstenite::connect_async(guest_url(&bus))
+            .await
+            .unwrap();
+        // The greeting comes first, then the bad frame ends the connection.
+        let _ = ws.send(bad).await;
+        let ended = tokio::time::timeout(WAIT, async {
+            while let Some(Ok(Message::Text(_))) = ws.next().await {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the guard kept a bad connection open");
+    }
+    // A path the engine does not serve is refused at the upgrade.
+    assert!(
+        tokio_tungstenite::connect_async(format!("{}/admin", guest_url(&bus)))
+            .await
+            .is_err()
+    );
+    // The well-behaved connection of the same sandbox serves on.
+    let answer = client
+        .invoke("guest::steady", json!({"n": 3}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(answer["echo"]["n"], 3);
+    guest.shutdown_async().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_endpoint_closes_each_connection_as_it_comes() {
+    let bus = bus_guard::refusing("sb-4", "set `sandbox_bus_access: true`")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let mut socket = tokio::net::TcpStream::connect(bus.addr()).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read =
+            tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut socket, &mut byte))
+                .await
+                .expect("closed, not held");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+}
