@@ -12,19 +12,21 @@ use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Stack};
 use iii_test_engine::Engine;
-use sandbox_support::disk_fill::{filler, free_bytes, number};
+use sandbox_support::disk_fill::{filler, number, paid_bytes};
 use sandbox_support::{create, exec_ok, sh, stdout};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
 
 const DISK_MB: u64 = 64;
-/// What the host's filesystem may lose while a sandbox fills its layer (logs, the layer's
-/// directories).
+/// What the adapter's state directory may grow by while a sandbox fills its layer (logs,
+/// the layer's directories). Each test counts only its own adapter's state directory
+/// (`paid_bytes`): the host's free space also counted other adapters' writes (a clean-clone
+/// CI run saw the worker test's 52 MiB charged to the sandbox's /tmp; a run beside other
+/// adapters failed the same way).
 const SLACK_MB: u64 = 48;
 
-/// Held by each test that writes tens of MiB to the host's filesystem, so that the one
-/// measuring the host's free space does not count the other's writes (a clean-clone CI run
-/// saw the worker test's 52 MiB charged to the sandbox's /tmp).
+/// Held by each test that fills tens of MiB, so that two fills never compete for a small
+/// host disk.
 static HOST_DISK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread")]
@@ -47,7 +49,7 @@ async fn a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothin
     let id = create(&stack, "python", json!({})).await;
     let state = stack.state_dir.path();
     for target in ["/fill", "/tmp/fill", "/root/deeper/fill"] {
-        let before = free_bytes(state);
+        let before = paid_bytes(state);
         let script = if target.contains("deeper") {
             "import os; os.makedirs('/root/deeper', exist_ok=True)\n".to_string() + &filler(target)
         } else {
@@ -59,11 +61,11 @@ async fn a_sandbox_filling_its_layer_or_tmp_gets_enospc_and_the_host_pays_nothin
             json!({"argv": ["python3", "-c", script], "timeout_ms": 120_000}),
         )
         .await;
-        let after = free_bytes(state);
+        let after = paid_bytes(state);
         let out = stdout(&result).to_string();
-        let lost_mb = before.saturating_sub(after) >> 20;
+        let lost_mb = after.saturating_sub(before) >> 20;
         println!(
-            "{target}: {} ; host free before {} MiB, after {} MiB",
+            "{target}: {} ; the adapter's state directory took {} MiB, then {} MiB",
             out.replace('\n', " "),
             before >> 20,
             after >> 20
@@ -183,7 +185,7 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
     let vm = json!({"vm_id": "disk", "image": "python", "host_path": project.path()});
     worker_ok(&stack, "prepare", vm).await;
     let state = stack.state_dir.path();
-    let before = free_bytes(state);
+    let before = paid_bytes(state);
     let script = format!(
         "{}\nopen('/opt-kept', 'w').write('kept')\nprint('done-filling', flush=True)\nimport time\ntime.sleep(600)\n",
         filler("/fill")
@@ -191,7 +193,7 @@ async fn a_worker_layer_is_bounded_and_keeps_its_files_across_starts() {
     let start = json!({"vm_id": "disk", "command": ["python3", "-c", script]});
     worker_ok(&stack, "start", start.clone()).await;
     let log = wait_log(&stack, "disk", "done-filling", 1, Duration::from_secs(120)).await;
-    let lost_mb = before.saturating_sub(free_bytes(state)) >> 20;
+    let lost_mb = paid_bytes(state).saturating_sub(before) >> 20;
     println!(
         "worker: {} ; the host lost {lost_mb} MiB",
         log.replace('\n', " ")
@@ -234,7 +236,7 @@ async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
     // worker keeps in /state is there at its next start, and never in the host directory.
     let vm = json!({"vm_id": "state", "image": "python", "host_path": project.path()});
     worker_ok(&stack, "prepare", vm).await;
-    let before = free_bytes(state);
+    let before = paid_bytes(state);
     let script = format!(
         "open('/state/kept', 'w').write('kept')\n{}\nprint('done-filling', flush=True)\nimport time\ntime.sleep(600)\n",
         filler("/state/fill")
@@ -242,7 +244,7 @@ async fn a_worker_state_shares_its_bounded_layer_and_outlives_restarts() {
     let start = json!({"vm_id": "state", "command": ["python3", "-c", script]});
     worker_ok(&stack, "start", start).await;
     let log = wait_log(&stack, "state", "done-filling", 1, Duration::from_secs(120)).await;
-    let lost_mb = before.saturating_sub(free_bytes(state)) >> 20;
+    let lost_mb = paid_bytes(state).saturating_sub(before) >> 20;
     println!(
         "worker /state: {} ; the host lost {lost_mb} MiB",
         log.replace('\n', " ")

@@ -397,7 +397,8 @@ async fn plugin_under_test() -> Stack {
     Stack::bwrap().await
 }
 
-/// How many pasta processes run on this host.
+/// How many pasta processes this test process's adapters run (other adapters on the host,
+/// other tests' or users', are not counted).
 fn pasta_processes() -> usize {
     std::fs::read_dir("/proc")
         .into_iter()
@@ -407,7 +408,31 @@ fn pasta_processes() -> usize {
             std::fs::read(entry.path().join("cmdline"))
                 .is_ok_and(|cmdline| cmdline.starts_with(b"/usr/bin/pasta\0"))
         })
+        .filter(|entry| of_this_test(&entry.file_name().to_string_lossy()))
         .count()
+}
+
+/// Whether process `pid` descends from this test process, where its adapters run. The test
+/// process is made its descendants' subreaper on first use, so a process whose parent died
+/// (a leaked pasta or proxy) is handed to it, not to init, and still counts as ours.
+fn of_this_test(pid: &str) -> bool {
+    static SUBREAPER: std::sync::Once = std::sync::Once::new();
+    SUBREAPER.call_once(|| {
+        let _ = nix::sys::prctl::set_child_subreaper(true);
+    });
+    let me = std::process::id();
+    let mut pid: u32 = pid.parse().unwrap_or(0);
+    // A chain longer than this is a loop read across exits: not ours.
+    for _ in 0..64 {
+        if pid == me {
+            return true;
+        }
+        match sandbox_support::HostProcess::read(pid) {
+            Some(process) if process.ppid > 1 => pid = process.ppid,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// An address of the host's own (not loopback): a sandbox must not reach host services
@@ -710,7 +735,7 @@ fn sandbox_logs(stack: &Stack) -> String {
     out
 }
 
-/// The resolver proxies running on this host.
+/// The resolver proxies this test process's adapters run.
 fn proxy_pids() -> Vec<String> {
     std::fs::read_dir("/proc")
         .into_iter()
@@ -721,10 +746,12 @@ fn proxy_pids() -> Vec<String> {
                 .is_ok_and(|comm| comm.trim() == "iii-dns-proxy")
         })
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|pid| of_this_test(pid))
         .collect()
 }
 
-/// pasta and the resolver proxies are counted host-wide: waits until an earlier test's
+/// pasta and the resolver proxies are counted for all of this test process's adapters: waits
+/// until an earlier test's
 /// sandboxes (going away as its stack drops) have taken theirs along, and fails if they stay.
 async fn earlier_sandboxes_gone() {
     let clear = sandbox_support::eventually(Duration::from_secs(15), || async {

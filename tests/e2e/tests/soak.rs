@@ -3,8 +3,10 @@
 //! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), with a guest
 //! flooding its agent with signals and a worker VM flooding its output all along (their host
 //! logs checked against the README's ceiling each round), then the adapter's fds, threads and
-//! RSS, the sandboxes' cgroups, the host's mounts, the state directories and the host's
-//! sandbox processes (of any id) must come back to where they started. Prints the snapshots.
+//! RSS, the sandboxes' cgroups, the host's mounts, the state directories and the adapter's
+//! processes (of any id, reparented ones too) must come back to where they started. Prints
+//! the snapshots. Only this adapter's groups and processes are counted: other adapters on
+//! the host (other tests, other users' runs) come and go meanwhile.
 
 mod sandbox_support;
 mod worker_support;
@@ -37,51 +39,87 @@ struct Snapshot {
     cgroups: usize,
     mounts: usize,
     state_dirs: usize,
-    /// Host processes that may belong to a sandbox, whoever's child they are now (see
-    /// `sandbox_processes`).
+    /// The adapter's processes, whoever's child they are now (see `Own::processes`).
     processes: usize,
 }
 
-/// Names (`comm`) of the processes that make a bwrap sandbox when run by a root adapter.
-const SANDBOX_COMMS: &[&str] = &[
-    "sandbox-bwrap-l",
-    "bwrap",
-    ".iii-agent",
-    "pasta",
-    "pasta.avx2",
-];
-
-/// Counts the host's processes of any id but root's (a sandbox's subordinate ids, the
-/// ordinary user running the adapter) and the root ones named like a sandbox's: a leaked
-/// sandbox process is counted even after its parent died and it was handed to init.
-fn sandbox_processes() -> usize {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-            let uid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|ids| ids.split_whitespace().next().map(str::to_owned));
-            // Gone between the listing and the reads: not counted.
-            uid.is_some_and(|uid| uid != "0" || SANDBOX_COMMS.contains(&comm.trim()))
-        })
-        .count()
+/// What belongs to this soak's adapter, so that other adapters running on the host (other
+/// tests, other users' runs) are not counted: its cgroup instance directories
+/// (`adapter::info`'s `isolation.cgroup_instance`: its sandboxes' groups lie beneath, and
+/// only theirs) and its state directory.
+struct Own {
+    instance: Vec<PathBuf>,
+    state_dir: String,
 }
 
-fn snapshot(stack: &Stack) -> Snapshot {
+impl Own {
+    async fn of(stack: &Stack) -> Own {
+        let info = call(stack, "adapter::info", json!({})).await;
+        let instance = info["backend"]["isolation"]["cgroup_instance"]
+            .as_array()
+            .map(|dirs| {
+                dirs.iter()
+                    .filter_map(Value::as_str)
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Own {
+            instance,
+            state_dir: stack.state_dir.path().display().to_string(),
+        }
+    }
+
+    /// The adapter's sandboxes' groups (one a hierarchy on cgroup v1).
+    fn cgroups(&self) -> usize {
+        self.instance
+            .iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flat_map(|entries| entries.flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("launcher-"))
+            .count()
+    }
+
+    /// The adapter's processes: its descendants, and, even once their parent died and they
+    /// were handed to init, those in one of its groups or naming its state directory.
+    fn processes(&self, adapter: u32) -> usize {
+        let names: Vec<String> = self
+            .instance
+            .iter()
+            .filter_map(|dir| Some(format!("/{}/", dir.file_name()?.to_str()?)))
+            .collect();
+        let mut pids: std::collections::BTreeSet<u32> = sandbox_support::descendants(adapter)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return pids.len();
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            // Gone between the listing and the reads: not counted.
+            if names.iter().any(|name| cgroup.contains(name.as_str()))
+                || String::from_utf8_lossy(&cmdline).contains(&self.state_dir)
+            {
+                pids.insert(pid);
+            }
+        }
+        pids.len()
+    }
+}
+
+fn snapshot(stack: &Stack, own: &Own) -> Snapshot {
     let pid = stack.adapter.pid();
     let count = |path: String| std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0);
     Snapshot {
         fds: count(format!("/proc/{pid}/fd")),
         threads: status_kib(pid, "Threads").unwrap_or(0),
         rss_kib: status_kib(pid, "VmRSS").unwrap_or(0),
-        cgroups: sandbox_support::cgroup_dirs(&|name| name.starts_with("launcher-")).len(),
+        cgroups: own.cgroups(),
         mounts: std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
             .map(|m| m.lines().count())
             .unwrap_or(0),
@@ -93,7 +131,7 @@ fn snapshot(stack: &Stack) -> Snapshot {
                 .display()
                 .to_string(),
         ),
-        processes: sandbox_processes(),
+        processes: own.processes(pid),
     }
 }
 
@@ -297,7 +335,8 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
     let id = warm["sandbox_id"].as_str().unwrap();
     call(&stack, "stop", json!({"sandbox_id": id, "wait": true})).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let start = snapshot(&stack);
+    let own = Own::of(&stack).await;
+    let start = snapshot(&stack, &own);
 
     let counts = Arc::new(Counts::default());
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -327,7 +366,7 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
     let mut peak = start;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = snapshot(&stack);
+        let now = snapshot(&stack, &own);
         peak = Snapshot {
             fds: peak.fds.max(now.fds),
             threads: peak.threads.max(now.threads),
@@ -342,10 +381,10 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
         client.await.expect("a soak client panicked");
     }
     let came_back = eventually(Duration::from_secs(30), || async {
-        settled(&start, &snapshot(&stack))
+        settled(&start, &snapshot(&stack, &own))
     })
     .await;
-    let end = snapshot(&stack);
+    let end = snapshot(&stack, &own);
     let total = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "soak of {secs} s, {WORKERS} clients, cap {CAP}: {} creates ({} refused at the cap), {} execs, {} writes, {} reads, {} stops; {} signal floods, {} log floods of {} MiB",

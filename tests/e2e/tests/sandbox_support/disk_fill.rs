@@ -16,6 +16,30 @@ pub fn free_bytes(path: &Path) -> u64 {
     blocks * size
 }
 
+/// Bytes the files under `dir` (an adapter's state directory) take on the disk: their
+/// allocated blocks, a sparse image counting only what was written. What one adapter's
+/// sandboxes cost the host, whatever other adapters on the host write meanwhile (free space
+/// on the filesystem counts theirs too). Mount points below `dir` (another filesystem) and
+/// entries gone while walking are skipped.
+pub fn paid_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(dir: &Path, dev: u64) -> u64 {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .map(|entry| match entry.path().symlink_metadata() {
+                Ok(meta) if meta.dev() != dev => 0,
+                Ok(meta) if meta.is_dir() => meta.blocks() * 512 + walk(&entry.path(), dev),
+                Ok(meta) => meta.blocks() * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    std::fs::symlink_metadata(dir).map_or(0, |meta| walk(dir, meta.dev()))
+}
+
 /// A python3 program that writes 1 MiB blocks to `path` until the kernel refuses; it prints
 /// what it wrote (`written_mb N`) and why it stopped (`errno 28 ENOSPC`).
 pub fn filler(path: &str) -> String {
