@@ -61,49 +61,8 @@ impl Instance {
             } else {
                 CONTROLLERS.get(index).into_iter().copied().collect()
             };
-            let claimed = claim(parent).and_then(|(dir, lock)| {
-                let held = if placement.v2 {
-                    enable_v2(&dir, &wanted)
-                } else {
-                    Ok(wanted.clone())
-                };
-                Ok((dir, lock, held))
-            });
-            match claimed {
-                Ok((dir, lock, held)) => {
-                    let held = match held {
-                        Ok(held) => held,
-                        Err(e) => {
-                            instance.missing.push(format!(
-                                "cannot hand the controllers to {}: {e}",
-                                dir.display()
-                            ));
-                            Vec::new()
-                        }
-                    };
-                    let mut limits = Vec::new();
-                    for controller in &wanted {
-                        let limit = super::limit_of(controller);
-                        let file = dir.join(limit_file(placement.v2, limit));
-                        if !held.contains(controller) {
-                            instance.missing.push(format!(
-                                "{limit}: the {controller} controller is not available in {}",
-                                parent.display()
-                            ));
-                        } else if nix::unistd::access(&file, nix::unistd::AccessFlags::W_OK)
-                            .is_err()
-                        {
-                            instance.missing.push(format!(
-                                "{limit}: {} is not writable by the adapter",
-                                file.display()
-                            ));
-                        } else {
-                            limits.push(limit);
-                        }
-                    }
-                    instance.dirs.push((dir, limits));
-                    instance._locks.push(lock);
-                }
+            let (dir, lock) = match claim(parent) {
+                Ok(claimed) => claimed,
                 Err(e) => {
                     for controller in &wanted {
                         instance.missing.push(format!(
@@ -112,8 +71,40 @@ impl Instance {
                             parent.display()
                         ));
                     }
+                    continue;
+                }
+            };
+            let available = if placement.v2 {
+                enable_v2(&dir, &wanted).unwrap_or_else(|e| {
+                    instance.missing.push(format!(
+                        "cannot hand the controllers to {}: {e}",
+                        dir.display()
+                    ));
+                    Vec::new()
+                })
+            } else {
+                wanted.clone()
+            };
+            let mut limits = Vec::new();
+            for controller in &wanted {
+                let limit = super::limit_of(controller);
+                let file = dir.join(limit_file(placement.v2, limit));
+                if !available.contains(controller) {
+                    instance.missing.push(format!(
+                        "{limit}: the {controller} controller is not available in {}",
+                        parent.display()
+                    ));
+                } else if nix::unistd::access(&file, nix::unistd::AccessFlags::W_OK).is_err() {
+                    instance.missing.push(format!(
+                        "{limit}: {} is not writable by the adapter",
+                        file.display()
+                    ));
+                } else {
+                    limits.push(limit);
                 }
             }
+            instance.dirs.push((dir, limits));
+            instance._locks.push(lock);
         }
         instance
     }
