@@ -217,3 +217,52 @@ async fn two_adapters_started_at_once_bound_every_sandbox() {
         tokio::join!(both(&a, "first"), both(&b, "second"));
     }
 }
+
+/// A launcher whose group is gone (removed before the launcher joins it): the sandbox is not
+/// started, S300 naming the limit that could not be written or the group that could not be
+/// joined (before: the failed join was ignored and the sandbox ran without limits).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_whose_group_is_gone_is_not_started() {
+    use std::os::unix::fs::PermissionsExt;
+    let test = "a_sandbox_whose_group_is_gone_is_not_started";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let dir = e2e_tests::host_dir();
+    let script = dir.path().join("ungrouped-launch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in */cgroup.procs) rmdir \"${{a%/cgroup.procs}}\";; esac; done\nexec '{}' \"$@\"\n",
+            bin_dir().join("sandbox-bwrap-launch").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let options = AdapterOptions {
+        env: vec![("SANDBOX_BWRAP_LAUNCH".into(), script.display().to_string())],
+        ..AdapterOptions::default()
+    };
+    let stack = Stack::start(json!({}), options).await;
+    if !memory_bounded(&stack, test).await {
+        return;
+    }
+    for round in 0..3 {
+        let (code, body) = sandbox_support::expect_err(
+            stack.call("create", json!({"image": "python"})).await,
+            "create whose group is gone",
+        );
+        let message = body["message"].as_str().unwrap_or_default();
+        println!("round {round}: {message}");
+        assert_eq!(code, "S300", "{body}");
+        assert!(
+            message.contains("cannot set the sandbox's")
+                || message.contains("cannot join the sandbox's cgroup"),
+            "names the limit or the group: {body}"
+        );
+    }
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["sandboxes"], json!([]), "{list}");
+    assert_eq!(list["in_flight"], 0, "{list}");
+}
