@@ -336,6 +336,21 @@ mod tests {
     }
 
     #[test]
+    fn a_v2_instance_hands_its_groups_the_controllers_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("cgroup.controllers"), "cpu io memory\n").unwrap();
+        let enabled = enable_v2(dir.path(), &CONTROLLERS).unwrap();
+        assert_eq!(enabled, ["memory", "cpu"]);
+        assert_eq!(
+            fs::read_to_string(dir.path().join("cgroup.subtree_control")).unwrap(),
+            "+memory +cpu"
+        );
+        // Without the kernel's list (not a cgroup): an error, so nothing is claimed held.
+        let plain = tempfile::tempdir().unwrap();
+        assert!(enable_v2(plain.path(), &CONTROLLERS).is_err());
+    }
+
+    #[test]
     fn v1_instances_hold_the_limits_whose_files_the_adapter_can_write() {
         let root = tempfile::tempdir().unwrap();
         let placement = v1(root.path());
