@@ -18,6 +18,7 @@ mod auth;
 mod bundle;
 mod cli;
 mod configuration;
+mod inherited;
 mod memory;
 mod resolve;
 mod serve;
@@ -29,6 +30,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    inherited::close_on_exec();
     memory::configure();
     memory::cap_trace_payloads();
     let args = cli::Args::parse();
