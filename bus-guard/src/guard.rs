@@ -5,7 +5,7 @@
 //! at once, so the engine drops the guest's functions.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,69 +32,66 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// How long the guest's upgrade and the guard's connection to the engine may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The guard of one adapter: the engine's address and the policy, for every sandbox.
+/// The guard of one adapter: the engine's address and the policy, for every sandbox, and
+/// the guard's own runtime: one thread, apart from the adapter's, so what guests make the
+/// guard do (a flood of messages) takes that thread and never the ones serving `exec` and
+/// the other calls.
 #[derive(Clone)]
 pub struct BusGuard {
     engine: Arc<str>,
     policy: Arc<Policy>,
+    handle: tokio::runtime::Handle,
+    _runtime: Arc<OwnRuntime>,
 }
 
 impl BusGuard {
     /// `engine_url` is the adapter's own (`III_URL`): its scheme and authority are kept, the
     /// guest's path is put after them.
-    pub fn new(engine_url: &str, policy: Policy) -> BusGuard {
-        BusGuard {
+    pub fn new(engine_url: &str, policy: Policy) -> std::io::Result<BusGuard> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bus-guard")
+            .enable_all()
+            .build()?;
+        Ok(BusGuard {
             engine: Arc::from(engine_base(engine_url)),
             policy: Arc::new(policy),
-        }
+            handle: runtime.handle().clone(),
+            _runtime: Arc::new(OwnRuntime(Some(runtime))),
+        })
     }
 
     /// A guarded endpoint for sandbox `sandbox_id`, listening until the handle is dropped.
-    /// Must run inside a tokio runtime.
-    pub async fn open(&self, sandbox_id: &str) -> std::io::Result<SandboxBus> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    pub fn open(&self, sandbox_id: &str) -> std::io::Result<SandboxBus> {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
         let bus = SandboxBus::new(listener.local_addr()?);
         let ctx = Context {
             sandbox: Arc::from(sandbox_id),
             policy: Arc::clone(&self.policy),
             functions: Arc::clone(&bus.functions),
         };
-        tokio::spawn(serve(
-            listener,
-            Arc::clone(&self.engine),
-            ctx,
-            bus.closed.subscribe(),
-        ));
+        let (engine, closed) = (Arc::clone(&self.engine), bus.closed.subscribe());
+        self.handle.spawn(async move {
+            // Made into the runtime's socket on its own thread.
+            if let Ok(listener) = TcpListener::from_std(listener) {
+                serve(listener, engine, ctx, closed).await;
+            }
+        });
         Ok(bus)
     }
 }
 
-/// An endpoint for a sandbox that may not reach the bus: each connection is closed as it
-/// comes, and the first one logs `hint` (which configuration key would allow it), once.
-pub async fn refusing(sandbox_id: &str, hint: &str) -> std::io::Result<SandboxBus> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let bus = SandboxBus::new(listener.local_addr()?);
-    let mut closed = bus.closed.subscribe();
-    let (sandbox, hint) = (sandbox_id.to_string(), hint.to_string());
-    tokio::spawn(async move {
-        let logged = AtomicBool::new(false);
-        loop {
-            tokio::select! {
-                _ = closed.changed() => return,
-                accepted = listener.accept() => {
-                    let Ok((socket, _)) = accepted else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    };
-                    drop(socket);
-                    if !logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(sandbox_id = %sandbox, "a sandbox tried to reach the engine and was refused: {hint}");
-                    }
-                }
-            }
+/// The guard's runtime, let go without waiting when the last guard goes (it may go inside
+/// another runtime, where a blocking shutdown is not allowed).
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
         }
-    });
-    Ok(bus)
+    }
 }
 
 /// One sandbox's endpoint. Dropped (or [`SandboxBus::close`]d), it stops listening and ends
@@ -170,6 +167,10 @@ async fn serve(
 /// Where a guest's upgrade asked to go.
 enum Route {
     Worker,
+    /// The engine's telemetry endpoint (`/otel`, where the Python SDK sends its spans, logs
+    /// and metrics by default): taken and dropped here. A guest's telemetry never reaches the
+    /// operator's trace store (it could name any worker), and its SDK stays quiet.
+    Telemetry,
     /// The path and query to ask the engine for.
     Channel(String),
 }
@@ -182,6 +183,10 @@ async fn connection(socket: TcpStream, engine: &str, ctx: Context, closed: watch
         let uri = request.uri();
         match uri.path() {
             "" | "/" => Ok(response),
+            "/otel" => {
+                route = Route::Telemetry;
+                Ok(response)
+            }
             path if path.starts_with("/ws/channels/") => {
                 route = Route::Channel(
                     uri.path_and_query()
@@ -204,6 +209,7 @@ async fn connection(socket: TcpStream, engine: &str, ctx: Context, closed: watch
     let url = match &route {
         Route::Worker => format!("{engine}/"),
         Route::Channel(path) => format!("{engine}{path}"),
+        Route::Telemetry => return relay::drain(guest, closed).await,
     };
     let engine_config = WebSocketConfig::default()
         .max_message_size(Some(MAX_ENGINE_MESSAGE))
@@ -220,6 +226,7 @@ async fn connection(socket: TcpStream, engine: &str, ctx: Context, closed: watch
     match route {
         Route::Worker => relay::worker(guest, engine, ctx, closed).await,
         Route::Channel(_) => relay::channel(guest, engine, closed).await,
+        Route::Telemetry => {}
     }
 }
 

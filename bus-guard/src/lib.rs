@@ -19,9 +19,7 @@ mod relay;
 mod session;
 mod wire;
 
-pub use guard::{
-    refusing, BusGuard, SandboxBus, MAX_CONNECTIONS, MAX_ENGINE_MESSAGE, MAX_GUEST_MESSAGE,
-};
+pub use guard::{BusGuard, SandboxBus, MAX_CONNECTIONS, MAX_ENGINE_MESSAGE, MAX_GUEST_MESSAGE};
 pub use pattern::{Pattern, PatternError, MAX_PATTERN_LEN};
 pub use policy::{
     Policy, PolicyError, Refusal, CALL_KEY, REGISTER_KEY, RESERVED_PREFIXES, SDK_ENGINE_CALLS,

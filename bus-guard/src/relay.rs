@@ -129,6 +129,23 @@ pub(crate) async fn channel<G, E>(
     }
 }
 
+/// Reads and drops what the guest sends until it closes or `closed` fires.
+pub(crate) async fn drain<G>(mut guest: WebSocketStream<G>, mut closed: watch::Receiver<()>)
+where
+    G: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    loop {
+        tokio::select! {
+            _ = closed.changed() => return,
+            frame = guest.next() => {
+                if let Step::End(_) = data(frame) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 enum Step {
     Data(Message),
     Skip,

@@ -51,7 +51,7 @@ fn guard(engine: &EngineHandle, call: &[&str]) -> BusGuard {
         &strings(&["sandbox-libkrun"]),
     )
     .unwrap();
-    BusGuard::new(&engine.url(), policy)
+    BusGuard::new(&engine.url(), policy).unwrap()
 }
 
 fn guest_url(bus: &SandboxBus) -> String {
@@ -122,7 +122,7 @@ async fn a_guest_serves_and_calls_only_what_the_policy_allows() {
         .unwrap();
 
     let guard = guard(&engine, &["host::echo"]);
-    let bus = guard.open("sb-1").await.unwrap();
+    let bus = guard.open("sb-1").unwrap();
     let guest = worker(&guest_url(&bus), "guest-worker");
     guest.register_function(
         "guest::hello",
@@ -222,7 +222,7 @@ async fn a_guest_serves_and_calls_only_what_the_policy_allows() {
 async fn a_guest_announcing_the_adapters_name_is_refused_as_a_worker_conflict() {
     let engine = engine().await;
     let guard = guard(&engine, &[]);
-    let bus = guard.open("sb-2").await.unwrap();
+    let bus = guard.open("sb-2").unwrap();
     let guest = worker(&guest_url(&bus), "sandbox-libkrun");
     guest.register_function("guest::impostor", echo());
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -262,7 +262,7 @@ async fn a_guest_announcing_the_adapters_name_is_refused_as_a_worker_conflict() 
 async fn malformed_and_oversized_frames_close_only_their_own_connection() {
     let engine = engine().await;
     let guard = guard(&engine, &[]);
-    let bus = guard.open("sb-3").await.unwrap();
+    let bus = guard.open("sb-3").unwrap();
     let guest = worker(&guest_url(&bus), "steady-guest");
     guest.register_function("guest::steady", echo());
     let client = Client::connect(&engine.url()).await.unwrap();
@@ -299,20 +299,4 @@ async fn malformed_and_oversized_frames_close_only_their_own_connection() {
     assert_eq!(answer["echo"]["n"], 3);
     guest.shutdown_async().await;
     engine.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusing_endpoint_closes_each_connection_as_it_comes() {
-    let bus = bus_guard::refusing("sb-4", "set `sandbox_bus_access: true`")
-        .await
-        .unwrap();
-    for _ in 0..3 {
-        let mut socket = tokio::net::TcpStream::connect(bus.addr()).await.unwrap();
-        let mut byte = [0u8; 1];
-        let read =
-            tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut socket, &mut byte))
-                .await
-                .expect("closed, not held");
-        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-    }
 }

@@ -361,6 +361,9 @@ fn admit(state: &State, bytes: &[u8]) -> Option<Admitted> {
         Err(Some(reply)) => return Some(Admitted::Reply(reply)),
         Err(None) => return None,
     };
+    if let Some(reply) = localhost_reply(&query) {
+        return Some(Admitted::Reply(reply));
+    }
     if !State::take(&state.queries) {
         return Some(Admitted::Reply(error_reply(&query, ResponseCode::Refused)));
     }
@@ -406,6 +409,37 @@ pub fn read_query(bytes: &[u8]) -> Result<Message, Option<Vec<u8>>> {
         return Err(Some(error_reply(&query, ResponseCode::Refused)));
     }
     Ok(query)
+}
+
+/// The answer to a question for `localhost` (or a name under it): its loopback addresses,
+/// given here as RFC 6761 asks of a resolver. An image without `/etc/hosts` (the runtime
+/// usually provides one) still finds `localhost`, where a guest's `III_URL` points.
+fn localhost_reply(query: &Message) -> Option<Vec<u8>> {
+    let question = &query.queries[0];
+    let name = plain(&question.name);
+    if name != "localhost" && !name.ends_with(".localhost") {
+        return None;
+    }
+    let mut reply = Message::error_msg(
+        query.metadata.id,
+        query.metadata.op_code,
+        ResponseCode::NoError,
+    );
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.metadata.authoritative = true;
+    reply.queries = vec![question.clone()];
+    let address = match question.query_type {
+        RecordType::A => Some(RData::A(Ipv4Addr::LOCALHOST.into())),
+        RecordType::AAAA => Some(RData::AAAA(Ipv6Addr::LOCALHOST.into())),
+        _ => None,
+    };
+    reply.answers.extend(
+        address.map(|rdata| {
+            hickory_proto::rr::Record::from_rdata(question.name.clone(), 86400, rdata)
+        }),
+    );
+    reply.to_vec().ok()
 }
 
 /// An answer with `code` to `query` (its id, question and flags).
@@ -872,6 +906,25 @@ mod tests {
             Message::from_vec(&reply).unwrap().metadata.response_code,
             ResponseCode::NotImp
         );
+    }
+
+    #[test]
+    fn localhost_is_the_loopback_without_asking_anyone() {
+        for (text, kind, expected) in [
+            ("localhost.", RecordType::A, Some("127.0.0.1")),
+            ("LocalHost.", RecordType::AAAA, Some("::1")),
+            ("a.localhost.", RecordType::A, Some("127.0.0.1")),
+            ("localhost.", RecordType::MX, None),
+        ] {
+            let query = question(text, kind);
+            let reply = Message::from_vec(&localhost_reply(&query).unwrap()).unwrap();
+            assert_eq!(reply.metadata.id, query.metadata.id);
+            assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+            let answers: Vec<String> = reply.answers.iter().map(|r| r.data.to_string()).collect();
+            assert_eq!(answers, expected.into_iter().collect::<Vec<_>>(), "{text}");
+        }
+        assert!(localhost_reply(&question("notlocalhost.", RecordType::A)).is_none());
+        assert!(localhost_reply(&question("localhost.test.", RecordType::A)).is_none());
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The bus forward of a sandbox behind a gate (a bwrap worker VM): the engine listens on the
-//! host's loopback, which no packet from the sandbox's namespace can reach (the gate never
-//! forwards loopback). A process of the host's network namespace, forked before the sandbox's
-//! namespaces exist, takes over listening sockets bound at the sandbox's own loopback on the
-//! bus's port and splices each connection to the bus: one destination, fixed here, whatever the
-//! sandbox sends.
+//! The bus forward of a sandbox behind a gate: the engine (a bwrap worker VM's way to the bus)
+//! or the sandbox's endpoint of the adapter's bus guard (a plain sandbox's, only through the
+//! guard) listens on the host's loopback, which no packet from the sandbox's namespace can
+//! reach (the gate never forwards loopback). A process of the host's network namespace, forked
+//! before the sandbox's namespaces exist, takes over listening sockets bound at the sandbox's
+//! own loopback on the engine's port and splices each connection to that one destination,
+//! fixed here, whatever the sandbox sends.
 //!
 //! Hand-written rather than pasta's `--tcp-ns`: pasta serves the namespace it is attached to,
 //! which is the gate's, not the sandbox's.

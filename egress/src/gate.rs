@@ -17,9 +17,9 @@
 //! kernel drops, the host's own addresses (pasta copies them onto the gate's side) are the
 //! gate's and refused by its input chain. Only then does pasta see a frame.
 //!
-//! The resolver proxy listens on the gate's addresses and fills the gate's sets; the bus, when
-//! it is on the host's loopback, is forwarded by a process of the host's network namespace
-//! (`forward.rs`).
+//! The resolver proxy listens on the gate's addresses and fills the gate's sets; the bus (a
+//! worker VM's engine on the host's loopback, a sandbox's bus guard) is forwarded by a process
+//! of the host's network namespace (`forward.rs`).
 //!
 //! Measured in the benchmark's `create with network: true` and download rows.
 //!
@@ -59,7 +59,7 @@ pub fn connect_gated(
         DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
     let forwarder = setup
         .bus_forward
-        .map(BusForwarder::fork)
+        .map(|line| BusForwarder::fork(line.to))
         .transpose()
         .map_err(|e| format!("cannot fork the bus forward: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNET)
@@ -87,8 +87,8 @@ pub fn connect_gated(
         .map_err(|e| format!("cannot enter the sandbox's network namespace: {e}"))?;
     drop(inner);
     ip(setup, &sandbox_link(routed_v6), "the sandbox's link")?;
-    if let (Some(forwarder), Some(bus)) = (forwarder, setup.bus_forward) {
-        forwarder.hand_over(&forward::listeners(bus.port())?)?;
+    if let (Some(forwarder), Some(line)) = (forwarder, setup.bus_forward) {
+        forwarder.hand_over(&forward::listeners(line.port)?)?;
     }
     Ok(())
 }

@@ -129,6 +129,16 @@ pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
         .collect()
 }
 
+/// A port of the sandbox's loopback (`ws://localhost:<port>` inside) and the address on the
+/// host's loopback it leads to: one destination, whatever the sandbox sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BusForward {
+    /// The engine's port: the one the guest's `III_URL` names.
+    pub port: u16,
+    /// The engine itself (a worker VM), or the sandbox's endpoint of the bus guard.
+    pub to: SocketAddr,
+}
+
 /// What the launcher needs to give a sandbox its network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkSetup {
@@ -144,9 +154,10 @@ pub struct NetworkSetup {
     pub forwarded_ports: Vec<u16>,
     /// Where the rules sit.
     pub boundary: Boundary,
-    /// Behind a gate: the bus on the host's loopback, which the sandbox reaches at its own
-    /// loopback's same port through a forwarder of the host's network namespace.
-    pub bus_forward: Option<SocketAddr>,
+    /// Behind a gate: the sandbox's loopback port forwarded to the host's loopback by a
+    /// process of the host's network namespace (the engine for a worker VM, the bus guard for
+    /// a sandbox).
+    pub bus_forward: Option<BusForward>,
     /// The host ids pasta runs as when the adapter is root (its starter drops to them).
     pub run_as: Option<(u32, u32)>,
     /// The sandbox's resolver proxy.
@@ -165,10 +176,19 @@ impl NetworkSetup {
         run_as: Option<(u32, u32)>,
         boundary: Boundary,
     ) -> Self {
-        let bus_on_loopback = egress.bus.filter(|bus| bus.ip().is_loopback());
+        // A worker VM's straight line to an engine on the host's loopback, or a sandbox's
+        // line to its bus guard.
+        let line = egress
+            .bus
+            .filter(|bus| bus.ip().is_loopback())
+            .map(|bus| BusForward {
+                port: bus.port(),
+                to: bus,
+            })
+            .or(egress.bus_guard);
         let (pasta_forward, bus_forward) = match boundary {
-            Boundary::Starter => (bus_on_loopback, None),
-            Boundary::Gate => (None, bus_on_loopback),
+            Boundary::Starter => (line, None),
+            Boundary::Gate => (None, line),
         };
         let mut pasta_args: Vec<String> = [
             "--config-net",
@@ -186,9 +206,11 @@ impl NetworkSetup {
         .to_vec();
         pasta_args.push("--tcp-ns".into());
         // The bus on the host's loopback: its one port, forwarded from the sandbox's own
-        // loopback, so the guest's III_URL works and no other host port does.
+        // loopback (to another host port for the guard), so the guest's III_URL works and no
+        // other host port does.
         pasta_args.push(match pasta_forward {
-            Some(bus) => bus.port().to_string(),
+            Some(line) if line.port == line.to.port() => line.port.to_string(),
+            Some(line) => format!("{}:{}", line.port, line.to.port()),
             None => "none".into(),
         });
         let rules = match boundary {
@@ -201,7 +223,7 @@ impl NetworkSetup {
             rules,
             pasta,
             pasta_args,
-            forwarded_ports: pasta_forward.map(|bus| bus.port()).into_iter().collect(),
+            forwarded_ports: pasta_forward.map(|line| line.port).into_iter().collect(),
             boundary,
             bus_forward,
             run_as,
@@ -638,7 +660,56 @@ mod tests {
             .unwrap();
         assert_eq!(setup.pasta_args[at + 1], "none");
         assert!(setup.forwarded_ports.is_empty());
-        assert_eq!(setup.bus_forward, Some("127.0.0.1:49134".parse().unwrap()));
+        assert_eq!(
+            setup.bus_forward,
+            Some(BusForward {
+                port: 49134,
+                to: "127.0.0.1:49134".parse().unwrap()
+            })
+        );
+    }
+
+    /// A sandbox's line leads from the engine's port at its loopback to its guard's endpoint,
+    /// forwarded by us behind a gate and by pasta (`port:target`) from a runner's namespace.
+    #[test]
+    fn a_sandboxs_bus_line_leads_to_its_guard() {
+        let guard = BusForward {
+            port: 49134,
+            to: "127.0.0.1:40001".parse().unwrap(),
+        };
+        let egress = Egress {
+            bus_guard: Some(guard),
+            ..Egress::default()
+        };
+        let gate = NetworkSetup::new(
+            "nft".into(),
+            "pasta".into(),
+            &egress,
+            &[],
+            None,
+            Boundary::Gate,
+        );
+        assert_eq!(gate.bus_forward, Some(guard));
+        assert!(gate.forwarded_ports.is_empty());
+        // Nothing of the engine's port opens in the rules either way.
+        assert!(!gate.rules.contains("49134"), "{}", gate.rules);
+        let runner = NetworkSetup::new(
+            "nft".into(),
+            "pasta".into(),
+            &egress,
+            &[],
+            None,
+            Boundary::Starter,
+        );
+        let at = runner
+            .pasta_args
+            .iter()
+            .position(|a| a == "--tcp-ns")
+            .unwrap();
+        assert_eq!(runner.pasta_args[at + 1], "49134:40001");
+        assert_eq!(runner.forwarded_ports, [49134]);
+        assert_eq!(runner.bus_forward, None);
+        assert!(!runner.rules.contains("40001"), "{}", runner.rules);
     }
 
     #[test]

@@ -115,6 +115,9 @@ pub struct Egress {
     pub deny: Targets,
     /// The engine's address: a worker VM's one way to the bus.
     pub bus: Option<SocketAddr>,
+    /// A plain sandbox's way to the bus: its loopback's port forwarded to the adapter's bus
+    /// guard (never straight to the engine). Only where `bus` is `None`.
+    pub bus_guard: Option<crate::network::BusForward>,
     /// Where the sandbox's DNS goes (`network_dns`; empty: the host's resolvers).
     pub dns: Upstreams,
     /// The names in `allow` came from a create under a configuration without an allow list:

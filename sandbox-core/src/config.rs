@@ -68,6 +68,8 @@ pub struct Config {
     /// run by an ordinary user without a delegated cgroup) boots it anyway, saying so in
     /// `adapter::info` and each create's log line; false: such a create is S300.
     pub allow_unbounded_sandboxes: bool,
+    /// Sandboxes on the bus (`sandbox_bus_access`, `sandbox_bus_call`, `sandbox_bus_register`).
+    pub bus: crate::bus::BusConfig,
 }
 
 /// `max_pids_per_sandbox` when the configuration names none.
@@ -103,6 +105,7 @@ impl Default for Config {
             egress: crate::network::Egress::default(),
             warm_pool: BTreeMap::new(),
             allow_unbounded_sandboxes: false,
+            bus: crate::bus::BusConfig::default(),
         }
     }
 }
@@ -161,6 +164,9 @@ pub const KNOWN_KEYS: &[&str] = &[
     "network_dns",
     "warm_pool",
     "allow_unbounded_sandboxes",
+    crate::bus::ACCESS_KEY,
+    crate::bus::CALL_KEY,
+    crate::bus::REGISTER_KEY,
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -263,6 +269,7 @@ impl Config {
             "allow_unbounded_sandboxes",
             &mut config.allow_unbounded_sandboxes,
         )?;
+        config.bus = crate::bus::BusConfig::read(object)?;
 
         if let Some(name) = config
             .custom_images

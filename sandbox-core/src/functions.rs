@@ -218,6 +218,7 @@ fn list_response() -> Value {
                     "exec_in_flight": count,
                     "exec_slots_free": count,
                     "stopped": {"type": "boolean"},
+                    "bus_functions": {"type": ["integer", "null"], "minimum": 0, "description": "functions the sandbox serves on the bus through the bus guard; null without a guard endpoint"},
                 }),
             )},
             "in_flight": count, "cap": count, "remaining": count, "reconciled": count,

@@ -21,10 +21,12 @@
 //! | 7, idle reaping | `reaper.rs` |
 //! | warm pool (`warm_pool`, issue 13) | `warm_pool.rs` |
 //! | 6, worker VMs (`worker::*`) | [`ops::worker`] |
+//! | 3 and 8, sandboxes on the bus (`sandbox_bus_*`) | [`bus`] |
 
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod bus;
 pub mod config;
 pub mod error;
 pub mod functions;

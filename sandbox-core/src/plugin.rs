@@ -37,6 +37,8 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) host: Host,
     /// Sandboxes booted ahead of the creates that will take them (`warm_pool`).
     pub(crate) pool: warm_pool::WarmPool,
+    /// Sandboxes' endpoints of the bus guard (`sandbox_bus_access`).
+    pub(crate) buses: crate::bus::Buses,
 }
 
 /// Closes the state directory's `sandboxes/` and `workers/` to every other host user: 0700,
@@ -87,6 +89,7 @@ impl<B: Backend> SandboxPlugin<B> {
         })?;
         close_to_others(&state_dir, backend.state_group())
             .map_err(|e| format!("cannot close {} to other users: {e}", state_dir.display()))?;
+        let buses = crate::bus::Buses::new(&config.bus, host.engine_url(), adapter)?;
         let plugin = Arc::new(Self {
             adapter,
             adapter_version,
@@ -100,6 +103,7 @@ impl<B: Backend> SandboxPlugin<B> {
             reconciled,
             workers,
             host,
+            buses,
         });
         reaper::spawn(Arc::downgrade(&plugin));
         warm_pool::spawn(&plugin);

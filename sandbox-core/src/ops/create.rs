@@ -128,6 +128,9 @@ pub async fn create_sandbox<B: Backend>(
         hello_ms,
         ..
     } = fresh.phases;
+    plugin
+        .buses
+        .note_create(fresh.id, options.network, &options.env);
     let sandbox = reservation.insert(new_sandbox(plugin, fresh, options));
     // A sandbox whose agent goes away is stopped at once.
     crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
@@ -173,6 +176,8 @@ pub(crate) async fn boot_sandbox<B: Backend>(
         .map_err(images::error)?;
     phases.image_ms = phases.lap();
     let id = Uuid::new_v4();
+    // A sandbox with network reaches the bus only through its guard endpoint, if at all.
+    let (bus_line, bus) = plugin.buses.endpoint(id, boot.network)?.unzip();
     let layer = plugin
         .state
         .create_layer(&id.to_string())
@@ -186,7 +191,10 @@ pub(crate) async fn boot_sandbox<B: Backend>(
         pids: plugin.config.max_pids_per_sandbox,
         disk_mb: plugin.config.default_disk_mb,
         network: boot.network,
-        egress: boot.egress,
+        egress: crate::network::Egress {
+            bus_guard: bus_line,
+            ..boot.egress
+        },
         agent_path: plugin.agent_path.clone(),
         mounts: Vec::new(),
         persistent_layer: false,
@@ -225,6 +233,9 @@ pub(crate) async fn boot_sandbox<B: Backend>(
             )));
         }
     };
+    if let Some(bus) = bus {
+        plugin.buses.keep(id, bus);
+    }
     Ok(Fresh {
         id,
         image,

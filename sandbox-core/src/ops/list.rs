@@ -27,6 +27,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "exec_in_flight": in_flight,
                 "exec_slots_free": s.exec_slots_free(),
                 "stopped": s.is_stopped(),
+                "bus_functions": plugin.buses.functions(s.id),
             })
         })
         .chain(dead.into_iter().map(|dead| {

@@ -44,6 +44,8 @@ pub async fn stop<B: Backend>(
 
 /// Ends a sandbox taken out of the registry: its programs, its process, its layer.
 pub async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, sandbox: Arc<Sandbox>) {
+    // Off the bus first: its functions leave the engine before its programs end.
+    plugin.buses.close(sandbox.id);
     let started = Instant::now();
     let _ = tokio::time::timeout(AGENT_GOODBYE, sandbox.agent.shutdown()).await;
     let goodbye = started.elapsed();
