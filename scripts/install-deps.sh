@@ -22,6 +22,9 @@ command -v newuidmap >/dev/null || need+=(uidmap)
 # FUSE (plugin-bwrap/src/fuse_disk.rs): fuse2fs for the image, fuse-overlayfs for the root.
 command -v fuse2fs >/dev/null || need+=(fuse2fs)
 command -v fuse-overlayfs >/dev/null || need+=(fuse-overlayfs)
+# The bus tests' guest image carries the official Python iii-sdk, downloaded with pip
+# (tests/fixtures/build-fixtures.sh pysdk).
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[install-deps] installing ${need[*]} (bookworm)"
   apt-get update -qq
