@@ -300,3 +300,59 @@ async fn malformed_and_oversized_frames_close_only_their_own_connection() {
     guest.shutdown_async().await;
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_is_survived_as_the_sdk_survives_it() {
+    let engine = engine().await;
+    let guard = guard(&engine, &[]);
+    let bus = guard.open("sb-5").unwrap();
+    let guest = worker(&guest_url(&bus), "restarting-guest");
+    guest.register_function("guest::again", echo());
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("guest::again", None, WAIT)
+        .await
+        .unwrap();
+    drop(client);
+
+    // The engine goes and comes back on the same port: the guard's connection to it ends,
+    // so does the guest's, and the SDK's reconnect lands on a new one.
+    let engine = engine.restart().await.unwrap();
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("guest::again", None, WAIT)
+        .await
+        .unwrap();
+    let answer = client
+        .invoke("guest::again", json!({"n": 4}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(answer["echo"]["n"], 4);
+    eventually("one function served", || async { bus.functions() == 1 }).await;
+    guest.shutdown_async().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guests_telemetry_is_taken_and_dropped() {
+    let engine = engine().await;
+    let guard = guard(&engine, &[]);
+    let bus = guard.open("sb-6").unwrap();
+    // The Python SDK's exporter: a WebSocket at /otel that only sends.
+    let (mut otel, _) = tokio_tungstenite::connect_async(format!("{}/otel", guest_url(&bus)))
+        .await
+        .expect("the guard takes /otel");
+    for _ in 0..3 {
+        otel.send(Message::text(r#"{"resourceSpans":[]}"#))
+            .await
+            .unwrap();
+    }
+    // Nothing of it reached the engine: no worker, named or not, appeared there.
+    let client = Client::connect(&engine.url()).await.unwrap();
+    let workers = client
+        .invoke("engine::workers::list", json!({}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");
+    engine.shutdown().await;
+}
