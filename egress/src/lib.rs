@@ -16,6 +16,7 @@ pub mod gate;
 pub mod netns;
 pub mod network;
 pub mod policy;
+mod privilege;
 
 /// The starter's program name, which its children's messages begin with (they reach the
 /// sandbox's log through the starter's stderr).

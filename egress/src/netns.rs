@@ -311,6 +311,9 @@ pub(crate) struct DnsProxy {
     socket: OwnedFd,
 }
 
+/// The one capability the proxy keeps (`nft` changes the sets of its namespace).
+const CAP_NET_ADMIN: u32 = 12;
+
 /// What the proxy's process calls itself (`/proc/PID/comm`).
 pub const DNS_PROXY_NAME: &str = "iii-dns-proxy";
 
@@ -467,6 +470,12 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     // host's, and `nft` changes the sandbox's sets.
     if let Err(e) = setns(netns, CloneFlags::CLONE_NEWNET) {
         return format!("cannot enter the sandbox's network namespace: {e}");
+    }
+    // Nothing of the launcher's working directory, and of its capabilities only what `nft`
+    // needs to change the sets.
+    let _ = std::env::set_current_dir("/");
+    if let Err(e) = crate::privilege::keep_only(&[CAP_NET_ADMIN]) {
+        return format!("cannot give up privilege: {e}");
     }
     crate::dns::serve(listeners, upstreams, setup.nft.clone(), setup.dns.clone())
 }
