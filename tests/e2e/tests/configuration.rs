@@ -157,6 +157,21 @@ fn cases() -> Vec<Case> {
             json!({"custom_images": {"mine": "example.org/mine:1", "node": "example.org/node:1"}}),
             &["`custom_images.node` reuses the name of a preset"],
         ),
+        case(
+            "bus-access-string",
+            json!({"sandbox_bus_access": "yes"}),
+            &["key `sandbox_bus_access`"],
+        ),
+        case(
+            "bus-call-empty-pattern",
+            json!({"sandbox_bus_call": ["math::*", ""]}),
+            &["key `sandbox_bus_call`", "entry 1"],
+        ),
+        case(
+            "bus-register-not-a-list",
+            json!({"sandbox_bus_register": "*"}),
+            &["key `sandbox_bus_register`"],
+        ),
     ]
 }
 
