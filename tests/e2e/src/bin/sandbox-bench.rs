@@ -757,6 +757,7 @@ async fn bench(options: Options) -> BenchResult<()> {
     drop(baselines);
     drop(stack);
     let warm_pool = warm_pool_row(&profile, &agent, n, &root).await;
+    let bus = bus_guard_rows(&profile, &agent, n).await;
 
     let m = |key: &str| samples.median(key);
     let idle = bench_report::median(&idle_rss).unwrap_or(f64::NAN);
@@ -868,6 +869,7 @@ async fn bench(options: Options) -> BenchResult<()> {
         .note("pasta start + nftables policy + its readiness wait"),
     ];
     rows.extend(download);
+    rows.extend(bus);
     rows.push(
         Row::single("adapter RSS, idle", "MiB", idle_rss)
             .goal("< 30 MiB")
@@ -992,6 +994,99 @@ async fn warm_pool_samples(
         bare,
         booted,
     })
+}
+
+/// The plain-python worker of the network tests (stdlib only), serving one function.
+const PY_WORKER: &str = include_str!("../../tests/iii_worker.py");
+
+/// A call from the host to a function a sandbox's program registered through the bus guard,
+/// against the same program serving the same function from the host straight to the engine,
+/// interleaved; and the guard's share per message (the call goes to the guest and its
+/// answer comes back: two messages through the forward and the guard).
+async fn bus_guard_rows(profile: &Path, agent: &Path, n: usize) -> Vec<Row> {
+    const WHAT: &str = "call a guest-registered function (bus guard)";
+    match bus_guard_samples(profile, agent, n.max(20) * 5).await {
+        Ok((guest, host)) => {
+            let half = |v: &[f64]| v.iter().map(|ms| ms / 2.0).collect::<Vec<_>>();
+            vec![
+                Row::timed(
+                    WHAT,
+                    guest.clone(),
+                    "the same python worker on the host, straight to the engine",
+                    host.clone(),
+                )
+                .note("python3 stdlib worker (tests/e2e/tests/iii_worker.py) in a network: true sandbox with sandbox_bus_access, its III_URL at the sandbox's localhost"),
+                Row::timed(
+                    "bus guard + forward, per message",
+                    half(&guest),
+                    "straight to the engine, per message",
+                    half(&host),
+                )
+                .difference()
+                .note("half of each call: the invocation in, the result out"),
+            ]
+        }
+        Err(e) => vec![Row::missing(WHAT, &format!("not available: {e}"))],
+    }
+}
+
+async fn bus_guard_samples(
+    profile: &Path,
+    agent: &Path,
+    n: usize,
+) -> BenchResult<(Vec<f64>, Vec<f64>)> {
+    let stack = Stack::start(profile, agent, json!({"sandbox_bus_access": true})).await?;
+    let url = stack._engine.url();
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.trim_end_matches('/').parse::<u16>().ok())
+        .ok_or("the engine's port")?;
+    let mut host = Command::new("python3")
+        .args(["-c", PY_WORKER, "serve", "bench::host_py", "host"])
+        .env("III_URL", &url)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("python3 on the host: {e}"))?;
+    let id = stack
+        .create_with(json!({"image": "python", "network": true}))
+        .await?;
+    let served = stack
+        .call(
+            "exec",
+            json!({"sandbox_id": id, "argv": ["/bin/sh", "-c",
+                "setsid python3 -c \"$W\" serve bench::guest_py guest </dev/null >/dev/null 2>&1 &"],
+                "env": {"W": PY_WORKER, "III_URL": format!("ws://localhost:{port}")}}),
+        )
+        .await;
+    let measured = async {
+        served?;
+        for function in ["bench::host_py", "bench::guest_py"] {
+            stack
+                .client
+                .wait_for_function(function, None, Duration::from_secs(30))
+                .await
+                .map_err(|e| format!("{function} did not register: {e:?}"))?;
+        }
+        let (mut guest, mut host) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n + 5 {
+            let start = Instant::now();
+            stack.invoke("bench::guest_py", json!({"i": i})).await?;
+            let g = ms(start.elapsed());
+            let start = Instant::now();
+            stack.invoke("bench::host_py", json!({"i": i})).await?;
+            // The first calls warm both paths up.
+            if i >= 5 {
+                guest.push(g);
+                host.push(ms(start.elapsed()));
+            }
+        }
+        Ok((guest, host))
+    }
+    .await;
+    let _ = host.kill();
+    let _ = host.wait();
+    let _ = stack.stop(&id).await;
+    measured
 }
 
 /// Where the download row's server stands: a network namespace of the bench's own, at a
