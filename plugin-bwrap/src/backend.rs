@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use sandbox_core::backend::Bounds;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, GuestMount, HostUnfit, SandboxError, SandboxProcess,
 };
-use sandbox_core::backend::Bounds;
 use tokio::io::AsyncWriteExt;
 
 use crate::cgroup;

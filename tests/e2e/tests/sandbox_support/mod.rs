@@ -349,7 +349,12 @@ pub fn assert_no_host_root_in_sandboxes(adapter_pid: u32) {
     let host_userns = std::fs::read_link("/proc/self/ns/user").unwrap();
     let parent = |pid: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+        stat.rsplit_once(") ")?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
     };
     let descends = |mut pid: u32| {
         for _ in 0..64 {
@@ -379,14 +384,20 @@ pub fn assert_no_host_root_in_sandboxes(adapter_pid: u32) {
         }
         seen += 1;
         for key in ["Uid:", "Gid:"] {
-            let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_default();
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .unwrap_or_default();
             assert!(
                 !line.split_whitespace().skip(1).any(|id| id == "0"),
                 "sandbox process {pid} holds host {key} 0: {line}"
             );
         }
     }
-    assert!(seen > 0, "no sandbox process of adapter {adapter_pid} found");
+    assert!(
+        seen > 0,
+        "no sandbox process of adapter {adapter_pid} found"
+    );
 }
 
 /// A host file an attack would change, with what it held.
