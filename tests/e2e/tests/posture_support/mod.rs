@@ -166,6 +166,15 @@ pub fn check(file: &str, observed: &Table) {
     if !drifts.is_empty() || !mode.is_empty() {
         println!("===== observed posture ({file} layout) =====\n{laid}===== end =====");
     }
+    // A table written from the code before any run could observe it (libkrun's, until the
+    // VM lab records it) cannot judge: the comparison did not run, and says so.
+    if text.contains("NOT YET RECORDED") {
+        println!(
+            "\n*** posture check against {file} DID NOT RUN: that table is not recorded yet \
+             (the observed table is printed above; POSTURE_PRINT=update in the VM lab writes it) ***\n"
+        );
+        return;
+    }
     let lines: Vec<String> = drifts.iter().map(ToString::to_string).collect();
     assert!(
         lines.is_empty(),
