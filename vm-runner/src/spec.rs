@@ -852,8 +852,9 @@ mod tests {
         v["nofile_limit"] = json!(0);
         assert!(matches!(check(v), Err(SpecError::NofileLimit)));
         let mut v = base(dir.path());
-        v["egress"] = json!({"nft": "nft", "rules": "", "pasta": "pasta", "pasta_args": [],
-            "forwarded_ports": [], "run_as": null,
+        v["egress"] = json!({"nft": "nft", "ip": "ip", "rules": "", "pasta": "pasta",
+            "pasta_args": [], "forwarded_ports": [], "boundary": "Starter", "bus_forward": null,
+            "run_as": null,
             "dns": {"upstream": [], "allow_names": [], "deny_names": [],
                 "names_within_defaults": false}});
         assert!(matches!(check(v), Err(SpecError::EgressWithoutNetwork)));
