@@ -19,11 +19,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
-use nix::unistd::{dup2, fork, ForkResult, Pid};
+use nix::unistd::{fork, ForkResult, Pid};
 
-use crate::netns::{detach_stdio, seqpacket_pair};
+use crate::netns::{become_helper, seqpacket_pair};
 
 /// What the forwarder's process calls itself (`/proc/PID/comm`).
 pub const FORWARDER_NAME: &str = "iii-bus-forward";
@@ -91,27 +90,15 @@ pub(crate) fn listeners(port: u16) -> Result<Vec<TcpListener>, String> {
 /// reach of the sandbox's processes; waits for its listening sockets and serves. Returns only
 /// on failure.
 fn become_forwarder(socket: OwnedFd, parent: Pid, bus: SocketAddr) -> String {
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        return format!("cannot tie the bus forward to the sandbox: {e}");
+    let socket = match become_helper(socket, parent, FORWARDER_NAME) {
+        Ok(socket) => socket,
+        Err(e) => return e,
+    };
+    // It only connects to one address of the host's loopback: no capability at all.
+    let _ = std::env::set_current_dir("/");
+    if let Err(e) = crate::privilege::keep_only(&[]) {
+        return format!("cannot give up privilege: {e}");
     }
-    if nix::unistd::getppid() != parent {
-        return "the launcher is gone".into();
-    }
-    let _ = nix::sys::prctl::set_dumpable(false);
-    let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(FORWARDER_NAME).unwrap_or_default());
-    if let Err(e) = detach_stdio() {
-        return e;
-    }
-    // Nothing else of the starter's (pasta's starter, the layers, the proxy's socket) stays
-    // open here.
-    if let Err(e) = dup2(socket.as_raw_fd(), 3) {
-        return format!("cannot keep the launcher's socket: {e}");
-    }
-    std::mem::forget(socket);
-    // SAFETY: close_range only closes descriptors; none above 3 is used by this process.
-    unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
-    // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
-    let socket = unsafe { OwnedFd::from_raw_fd(3) };
     let mut count = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut count)];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; MAX_LISTENERS]);

@@ -365,6 +365,29 @@ impl DnsProxy {
     }
 }
 
+/// The start of a helper process forked by the starter (the resolver proxy, the bus forward):
+/// tied to the starter's life (`parent`), named `name`, not dumpable (not traceable, even by
+/// the sandbox's root, which cannot see its pid anyway), detached from the agent's channel and
+/// holding nothing of the starter's (pasta's starter, the layers, the other helpers' sockets)
+/// but `socket`, its channel to the starter, which it returns.
+pub(crate) fn become_helper(socket: OwnedFd, parent: Pid, name: &str) -> Result<OwnedFd, String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| format!("cannot tie {name} to the sandbox: {e}"))?;
+    if nix::unistd::getppid() != parent {
+        return Err("the launcher is gone".into());
+    }
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(name).unwrap_or_default());
+    // stdin and stdout are the agent's channel: never ours.
+    detach_stdio()?;
+    dup2(socket.as_raw_fd(), 3).map_err(|e| format!("cannot keep the launcher's socket: {e}"))?;
+    std::mem::forget(socket);
+    // SAFETY: close_range only closes descriptors; none above 3 is used by this process.
+    unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
+    // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
+    Ok(unsafe { OwnedFd::from_raw_fd(3) })
+}
+
 /// The proxy's sockets in the sandbox's namespace: udp and tcp on 127.0.0.1 and ::1 (the
 /// latter only where the namespace has IPv6).
 fn dns_listeners() -> Result<Listeners, String> {
@@ -390,28 +413,10 @@ fn dns_listeners() -> Result<Listeners, String> {
 /// listening sockets, moves into the sandbox's network namespace and serves. Returns only on
 /// failure.
 fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> String {
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        return format!("cannot tie the resolver proxy to the sandbox: {e}");
-    }
-    if nix::unistd::getppid() != parent {
-        return "the launcher is gone".into();
-    }
-    // Not traceable, not dumpable, even by the sandbox's root (it cannot see our pid anyway).
-    let _ = nix::sys::prctl::set_dumpable(false);
-    let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(DNS_PROXY_NAME).unwrap_or_default());
-    // stdin and stdout are the agent's channel: never ours.
-    if let Err(e) = detach_stdio() {
-        return e;
-    }
-    // Nothing else of the launcher's (pasta's starter, the layers) stays open here.
-    if let Err(e) = dup2(socket.as_raw_fd(), 3) {
-        return format!("cannot keep the launcher's socket: {e}");
-    }
-    std::mem::forget(socket);
-    // SAFETY: close_range only closes descriptors; none above 3 is used by this process.
-    unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
-    // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
-    let socket = unsafe { OwnedFd::from_raw_fd(3) };
+    let socket = match become_helper(socket, parent, DNS_PROXY_NAME) {
+        Ok(socket) => socket,
+        Err(e) => return e,
+    };
     // Still in the host's network namespace: the proxy's one way out, opened here.
     let upstreams = crate::dns::open_upstreams(&setup.dns.upstream);
     let mut kinds = [0u8; 16];
