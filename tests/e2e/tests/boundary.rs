@@ -89,6 +89,21 @@ impl Drop for PublicHost {
         let _ = self.receiver.kill();
         let _ = self.receiver.wait();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        // The kernel takes the namespace's veth down after `ip netns del` returns: the next
+        // test's link of the same name and address waits for it.
+        let host_if = format!("{}h", self.ns);
+        for _ in 0..100 {
+            let gone = Command::new("ip")
+                .args(["link", "show", &host_if])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| !s.success());
+            if gone {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -165,34 +180,10 @@ fn host_address() -> Option<String> {
 /// A process of `stack`'s sandboxes, seen from the host: the adapter's descendant `bwrap`,
 /// which runs in the sandbox's network namespace.
 fn sandbox_process(stack: &Stack) -> Option<u32> {
-    let adapter = stack.adapter.pid();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?
-            .1
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
-    let descends = |mut pid: u32| {
-        for _ in 0..32 {
-            match parent(pid) {
-                Some(p) if p == adapter => return true,
-                Some(p) if p > 1 => pid = p,
-                _ => return false,
-            }
-        }
-        false
-    };
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "bwrap")
-        })
-        .find(|pid| descends(*pid))
+    sandbox_support::descendants(stack.adapter.pid())
+        .into_iter()
+        .find(|p| p.comm == "bwrap")
+        .map(|p| p.pid)
 }
 
 fn attack_args(targets: &[(String, String, u16)], token: &str) -> Vec<String> {

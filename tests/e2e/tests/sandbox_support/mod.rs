@@ -347,32 +347,8 @@ pub fn assert_all_blocked(output: &str, context: &str) {
 /// since a nested namespace's map shows only its parent's ids.
 pub fn assert_no_host_root_in_sandboxes(adapter_pid: u32) {
     let host_userns = std::fs::read_link("/proc/self/ns/user").unwrap();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?
-            .1
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
-    let descends = |mut pid: u32| {
-        for _ in 0..64 {
-            match parent(pid) {
-                Some(p) if p == adapter_pid => return true,
-                Some(p) if p > 1 => pid = p,
-                _ => return false,
-            }
-        }
-        false
-    };
     let mut seen = 0;
-    for pid in std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| descends(*pid))
-    {
+    for pid in descendants(adapter_pid).into_iter().map(|p| p.pid) {
         let Ok(userns) = std::fs::read_link(format!("/proc/{pid}/ns/user")) else {
             continue;
         };
