@@ -95,7 +95,6 @@ fn become_forwarder(socket: OwnedFd, parent: Pid, bus: SocketAddr) -> String {
         Err(e) => return e,
     };
     // It only connects to one address of the host's loopback: no capability at all.
-    let _ = std::env::set_current_dir("/");
     if let Err(e) = crate::privilege::keep_only(&[]) {
         return format!("cannot give up privilege: {e}");
     }

@@ -75,16 +75,8 @@ pub fn connect_gated(
     let routed_v6 = v6 && netns::has_v6_default_route();
     // Into the sandbox's namespaces, for good: from here this process (bwrap next) has no
     // capability over the gate.
-    let user = inner
-        .open("user")
-        .map_err(|e| format!("cannot open the sandbox's user namespace: {e}"))?;
-    let net = inner
-        .open("net")
-        .map_err(|e| format!("cannot open the sandbox's network namespace: {e}"))?;
-    setns(user, CloneFlags::CLONE_NEWUSER)
-        .map_err(|e| format!("cannot enter the sandbox's user namespace: {e}"))?;
-    setns(net, CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("cannot enter the sandbox's network namespace: {e}"))?;
+    enter(&inner, "user", CloneFlags::CLONE_NEWUSER)?;
+    enter(&inner, "net", CloneFlags::CLONE_NEWNET)?;
     drop(inner);
     ip(setup, &sandbox_link(routed_v6), "the sandbox's link")?;
     if let (Some(forwarder), Some(line)) = (forwarder, setup.bus_forward) {
@@ -99,11 +91,15 @@ pub fn connect_gated(
 /// namespace, loopback only). Call while single-threaded (it forks).
 pub fn enter_nested(ids: u32) -> Result<(), String> {
     let inner = nested_namespaces(ids, CloneFlags::empty())?;
-    let user = inner
-        .open("user")
-        .map_err(|e| format!("cannot open the sandbox's user namespace: {e}"))?;
-    setns(user, CloneFlags::CLONE_NEWUSER)
-        .map_err(|e| format!("cannot enter the sandbox's user namespace: {e}"))
+    enter(&inner, "user", CloneFlags::CLONE_NEWUSER)
+}
+
+/// Moves the caller into `held`'s namespace of `kind` (`flag`).
+fn enter(held: &idmap_mount::HeldNamespaces, kind: &str, flag: CloneFlags) -> Result<(), String> {
+    let fd = held
+        .open(kind)
+        .map_err(|e| format!("cannot open the sandbox's {kind} namespace: {e}"))?;
+    setns(fd, flag).map_err(|e| format!("cannot enter the sandbox's {kind} namespace: {e}"))
 }
 
 /// A user namespace nested in the caller's, its ids the caller's namespace's ids one to one,

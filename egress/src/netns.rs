@@ -378,8 +378,10 @@ pub(crate) fn become_helper(socket: OwnedFd, parent: Pid, name: &str) -> Result<
     }
     let _ = nix::sys::prctl::set_dumpable(false);
     let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(name).unwrap_or_default());
-    // stdin and stdout are the agent's channel: never ours.
+    // stdin and stdout are the agent's channel, the working directory the launcher's: never
+    // ours.
     detach_stdio()?;
+    let _ = std::env::set_current_dir("/");
     dup2(socket.as_raw_fd(), 3).map_err(|e| format!("cannot keep the launcher's socket: {e}"))?;
     std::mem::forget(socket);
     // SAFETY: close_range only closes descriptors; none above 3 is used by this process.
@@ -476,9 +478,7 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     if let Err(e) = setns(netns, CloneFlags::CLONE_NEWNET) {
         return format!("cannot enter the sandbox's network namespace: {e}");
     }
-    // Nothing of the launcher's working directory, and of its capabilities only what `nft`
-    // needs to change the sets.
-    let _ = std::env::set_current_dir("/");
+    // Of its capabilities only what `nft` needs to change the sets.
     if let Err(e) = crate::privilege::keep_only(&[CAP_NET_ADMIN]) {
         return format!("cannot give up privilege: {e}");
     }
