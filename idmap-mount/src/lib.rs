@@ -57,6 +57,12 @@ pub fn plain_clone(path: &Path) -> io::Result<OwnedFd> {
     clone_with_idmap(path, None, false)
 }
 
+/// [`plain_clone`] of the mount at `path` and every mount below it (what `mount --rbind`
+/// copies).
+pub fn plain_clone_tree(path: &Path) -> io::Result<OwnedFd> {
+    clone_with_idmap(path, None, true)
+}
+
 fn clone_with_idmap(path: &Path, userns: Option<&OwnedFd>, recursive: bool) -> io::Result<OwnedFd> {
     let at_recursive = if recursive { libc::AT_RECURSIVE } else { 0 } as libc::c_uint;
     let context = |what: &str, e: io::Error| {

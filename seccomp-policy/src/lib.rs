@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod vmm;
+
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -70,7 +72,7 @@ pub fn denied_syscalls() -> Vec<libc::c_long> {
     list
 }
 
-fn arg(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Error> {
+pub(crate) fn arg(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Error> {
     Ok(SeccompCondition::new(
         index,
         SeccompCmpArgLen::Dword,
@@ -79,13 +81,13 @@ fn arg(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Erro
     )?)
 }
 
-fn arg0(op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Error> {
+pub(crate) fn arg0(op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Error> {
     arg(0, op, value)
 }
 
 /// `socket` and `socketpair`'s type argument: the type in the low bits, SOCK_NONBLOCK and
 /// SOCK_CLOEXEC above (the kernel's SOCK_TYPE_MASK).
-const SOCK_TYPE_MASK: u64 = 0xf;
+pub(crate) const SOCK_TYPE_MASK: u64 = 0xf;
 /// The obsolete packet interface of `socket(AF_INET, SOCK_PACKET, ...)`, which the kernel
 /// turns into an AF_PACKET socket.
 const SOCK_PACKET: u64 = 10;
@@ -158,7 +160,7 @@ fn eperm_filter(arch: TargetArch) -> Result<BpfProgram, Error> {
 
 /// clone3 passes its flags in memory, where a filter cannot look; ENOSYS makes libc fall
 /// back to clone, whose flags the EPERM filter checks (Docker does the same).
-fn clone3_filter(arch: TargetArch) -> Result<BpfProgram, Error> {
+pub(crate) fn clone3_filter(arch: TargetArch) -> Result<BpfProgram, Error> {
     let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
     let filter = SeccompFilter::new(
         rules,
@@ -174,7 +176,7 @@ fn clone3_filter(arch: TargetArch) -> Result<BpfProgram, Error> {
 /// x32 enabled: all of them fail with ENOSYS, as on a kernel without x32. (Other audit
 /// arches, i386 included, are killed by seccompiler's arch check.)
 #[cfg(target_arch = "x86_64")]
-fn x32_filter() -> BpfProgram {
+pub(crate) fn x32_filter() -> BpfProgram {
     use seccompiler::sock_filter;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     let op = |code: u32| code as u16;

@@ -8,6 +8,7 @@ use crate::guest_mounts::{self, MountError};
 use crate::krun::{Context, KrunError};
 use crate::launch_file::{self, INIT_PATH, LAUNCH_PATH};
 use crate::overlay::{self, OverlayError};
+use crate::own_root;
 use crate::probe::{self, HostUnfit};
 use crate::spec::{VmSpec, VsockDirection};
 
@@ -35,6 +36,10 @@ pub enum LaunchError {
     Egress(String),
     #[error("a root runner gives host root up: {0}")]
     DropRoot(#[from] DropError),
+    #[error(transparent)]
+    OwnRoot(#[from] crate::own_root::OwnRootError),
+    #[error("cannot install the runner's seccomp filter: {0}")]
+    Seccomp(String),
 }
 
 /// Checks that the inherited console descriptor is open, and marks one above stderr
@@ -234,13 +239,8 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
         .drop_root
         .as_ref()
         .filter(|_| nix::unistd::geteuid().is_root());
-    if spec.root_overlay.is_some()
-        || !spec.mounts.is_empty()
-        || spec.egress.is_some()
-        || dropping.is_some()
-    {
-        overlay::enter_private_namespace()?;
-    }
+    // Always: the runner ends in a root of its own (`own_root.rs`), made in this namespace.
+    overlay::enter_private_namespace()?;
     let staged = match dropping {
         Some(ids) => Some(drop_root::stage_and_drop(spec, ids)?),
         None => None,
@@ -315,6 +315,11 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     ctx.add_root_overlay_file(LAUNCH_PATH, launch, 0o400)?;
     ctx.add_root_overlay_file(INIT_PATH, GUEST_INIT, 0o555)?;
 
+    // Everything is mounted and configured: from here on the runner sees only what it
+    // serves, and may make only the system calls libkrun makes.
+    own_root::enter(spec)?;
+    confine_syscalls()?;
+
     // One line before the VM runs: a runner that hangs with this line in its log hung in the
     // guest (or libkrun), one without it hung in its own set-up.
     eprintln!(
@@ -322,6 +327,14 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
         spec.vcpus, spec.memory_mib
     );
     Ok(ctx.start_enter()?)
+}
+
+/// no_new_privs, then the runner's seccomp filter (`seccomp_policy::vmm`), which every thread
+/// libkrun starts inherits.
+fn confine_syscalls() -> Result<(), LaunchError> {
+    nix::sys::prctl::set_no_new_privs().map_err(|e| LaunchError::Seccomp(e.to_string()))?;
+    seccomp_policy::vmm::install_runner().map_err(|e| LaunchError::Seccomp(e.to_string()))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! | `overlay` | the optional writable root (overlay in a private mount namespace) |
 //! | `guest_mounts` | the extra mounts (binds, tmpfs, symlinks) made inside the root |
 //! | `drop_root` | a root runner becomes root of a user namespace of unprivileged ids before the VM starts |
+//! | `own_root` | the runner's root holds only what it serves (shares, sockets, `/dev/kvm`, `/proc`) |
 //! | `krun`, `firmware`, `overlay`, `guest_mounts` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
 //!
 //! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
@@ -62,6 +63,7 @@ mod krun;
 pub mod launch;
 pub mod launch_file;
 mod overlay;
+mod own_root;
 pub mod probe;
 pub mod spec;
 
