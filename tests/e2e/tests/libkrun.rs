@@ -761,6 +761,7 @@ async fn microvms_cannot_escape_to_the_host() {
     ]);
     let id = create(&stack, "python", json!({})).await;
     assert_runners_not_host_root();
+    assert_runners_confined();
     let answer = exec_ok(&stack, &id, json!({"argv": argv, "timeout_ms": 120000})).await;
     let output = stdout(&answer).to_string();
     println!("{output}");
@@ -847,6 +848,187 @@ fn assert_runners_not_host_root() {
     }
     assert!(runners > 0, "no VM runner was found to check");
     println!("{runners} VM runner(s) checked: none holds a host id 0");
+}
+
+/// The pids of every VM runner on the host: the runner's binary, but not the helpers it
+/// forks, which name themselves `iii-...` (the resolver proxy). libkrun renames the runner
+/// itself (`libkrun VM`) when the VM starts.
+fn runner_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            let runner = std::fs::read_link(entry.path().join("exe"))
+                .unwrap_or_default()
+                .to_string_lossy()
+                .ends_with("/sandbox-libkrun-vm");
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            runner && !comm.starts_with("iii-")
+        })
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Every VM runner is confined as a jailed VMM (vm-runner's `own_root.rs` and
+/// `seccomp_policy::vmm`): each of its threads (the vCPUs, libkrun's device threads) runs
+/// under a seccomp filter with no_new_privs, and its root holds only what it serves: no host
+/// file (`/etc/passwd`, `/usr`, a shell), not even its own specification beside the guest's
+/// root in the sandbox's layer directory.
+fn assert_runners_confined() {
+    let pids = runner_pids();
+    assert!(!pids.is_empty(), "no VM runner was found to check");
+    for pid in &pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue; // it ended meanwhile
+        };
+        let mut threads = 0;
+        for task in tasks.flatten() {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            let field = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .map(str::trim)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            assert_eq!(
+                (field("Seccomp:"), field("NoNewPrivs:")),
+                ("2".to_string(), "1".to_string()),
+                "thread {:?} of VM runner {pid} is not under its seccomp filter",
+                task.file_name()
+            );
+            threads += 1;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let spec = cmdline
+            .split(|b| *b == 0)
+            .skip_while(|a| *a != b"--spec")
+            .nth(1)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .unwrap_or_default();
+        let root = format!("/proc/{pid}/root");
+        // `/proc/1/root` would be the host's root again: the runner's `/proc` holds its own
+        // descriptors only.
+        for host in [
+            "/etc/passwd",
+            "/usr/bin",
+            "/bin/sh",
+            "/proc/1",
+            spec.as_str(),
+        ] {
+            let inside = format!("{root}{host}");
+            assert!(
+                !Path::new(&inside).exists() && std::fs::symlink_metadata(&inside).is_err(),
+                "VM runner {pid} sees the host's {host} in its root"
+            );
+        }
+        let top: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        println!("VM runner {pid}: {threads} threads under seccomp; its root holds {top:?}");
+    }
+}
+
+/// libkrun's TSI opens a guest's listening socket in the runner (libkrun #818: `bind(0)` then
+/// `listen` lands on a host port the guest is not told). A guest's listen must open nothing
+/// in the host's network namespace: with network off there is no TSI at all, with network on
+/// the runner's socket is in the runner's own namespace, behind pasta, which forwards no
+/// inbound port to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_listen_opens_nothing_on_the_host() {
+    let test = "a_guest_listen_opens_nothing_on_the_host";
+    let stack = libkrun_stack(json!({})).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    const LISTEN: &str = "import socket, sys, time\n\
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n\
+        s.bind(('0.0.0.0', 0)); s.listen(8)\n\
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 0))\n\
+        print(s.getsockname()[1], u.getsockname()[1], flush=True)\n\
+        time.sleep(float(sys.argv[1]))\n";
+    for network in [true, false] {
+        let id = create(&stack, "python", json!({"network": network})).await;
+        let before = host_sockets();
+        // While the guest listens: no runner socket is among the host's, and no new listener
+        // appeared there at all.
+        let listen = json!({"argv": ["python3", "-c", LISTEN, "12"], "timeout_ms": 60000});
+        let (answer, (during, runner_sockets)) =
+            tokio::join!(exec_ok(&stack, &id, listen), async {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                let runner_sockets: Vec<u64> = runner_pids()
+                    .iter()
+                    .flat_map(|pid| socket_inodes(*pid))
+                    .collect();
+                (host_sockets(), runner_sockets)
+            });
+        let ports = stdout(&answer).trim().to_string();
+        assert!(!ports.is_empty(), "the guest listened: {answer}");
+        assert!(
+            !runner_sockets.is_empty(),
+            "network {network}: no VM runner (or none of its sockets) was found to check"
+        );
+        for (inode, line) in &during {
+            assert!(
+                !runner_sockets.contains(inode),
+                "network {network}: a VM runner's socket is in the host's namespace: {line}"
+            );
+        }
+        let new_listeners: Vec<&String> = during
+            .iter()
+            .filter(|(inode, line)| !before.contains_key(inode) && line.contains(" 0A "))
+            .map(|(_, line)| line)
+            .collect();
+        assert!(
+            new_listeners.is_empty(),
+            "network {network}: the guest's listen (its ports {ports}) opened host listeners: \
+             {new_listeners:?}"
+        );
+        println!(
+            "network {network}: the guest listened on {ports} (tcp, udp); no host listener, \
+             {} runner sockets none in the host's namespace",
+            runner_sockets.len()
+        );
+        stop(&stack, &id, true).await;
+    }
+}
+
+/// The host network namespace's inet sockets (`/proc/net/{tcp,tcp6,udp,udp6}` as this test
+/// sees them): inode -> line.
+fn host_sockets() -> std::collections::HashMap<u64, String> {
+    let mut sockets = std::collections::HashMap::new();
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/self/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            if let Some(inode) = line.split_whitespace().nth(9).and_then(|i| i.parse().ok()) {
+                if inode != 0 {
+                    sockets.insert(inode, format!("{table}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    sockets
+}
+
+/// The socket inodes process `pid` holds open.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| {
+                    let target = std::fs::read_link(fd.path()).ok()?;
+                    let text = target.to_str()?;
+                    text.strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Timings in ms of one measured step.
