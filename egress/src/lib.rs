@@ -18,6 +18,8 @@ pub mod network;
 pub mod policy;
 mod privilege;
 
+pub use privilege::keep_capabilities;
+
 /// The starter's program name, which its children's messages begin with (they reach the
 /// sandbox's log through the starter's stderr).
 pub(crate) fn program() -> String {

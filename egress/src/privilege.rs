@@ -30,6 +30,16 @@ struct CapData {
 /// Keeps only `caps` (capability numbers below 32) in every set, the bounding set included
 /// (an exec regains nothing), sets no_new_privs and installs the sandbox's seccomp filters.
 pub(crate) fn keep_only(caps: &[u32]) -> Result<(), String> {
+    keep_capabilities(caps)?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    seccomp_policy::install().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Keeps only `caps` (capability numbers below 32) in every set of the calling thread, the
+/// bounding set included (an exec regains nothing), ambient cleared. Threads made after
+/// inherit it. Also the VM runner's, before its VM starts.
+pub fn keep_capabilities(caps: &[u32]) -> Result<(), String> {
     let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|t| t.trim().parse::<u32>().ok())
@@ -82,7 +92,5 @@ pub(crate) fn keep_only(caps: &[u32]) -> Result<(), String> {
     if rc != 0 {
         return Err(format!("capset: {}", io::Error::last_os_error()));
     }
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-    seccomp_policy::install().map_err(|e| e.to_string())?;
     Ok(())
 }

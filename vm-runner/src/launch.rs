@@ -38,7 +38,7 @@ pub enum LaunchError {
     DropRoot(#[from] DropError),
     #[error(transparent)]
     OwnRoot(#[from] crate::own_root::OwnRootError),
-    #[error("cannot install the runner's seccomp filter: {0}")]
+    #[error("cannot confine the runner (capabilities, seccomp): {0}")]
     Seccomp(String),
 }
 
@@ -329,9 +329,28 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     Ok(ctx.start_enter()?)
 }
 
-/// no_new_privs, then the runner's seccomp filter (`seccomp_policy::vmm`), which every thread
-/// libkrun starts inherits.
+/// What libkrun's devices need of the runner's (own user namespace's) capabilities: its
+/// virtio-fs server makes, owns and opens files as the guest's users (switching its ids per
+/// request) and sets file capabilities; TSI binds a guest's low ports in the runner's network
+/// namespace. Not SYS_ADMIN, NET_ADMIN, SYS_PTRACE or the others: the runner mounts nothing
+/// and runs nothing once the VM starts.
+const RUNNER_CAPABILITIES: [u32; 10] = [
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    2,  // CAP_DAC_READ_SEARCH
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    10, // CAP_NET_BIND_SERVICE
+    27, // CAP_MKNOD
+    31, // CAP_SETFCAP
+];
+
+/// The runner keeps only [`RUNNER_CAPABILITIES`], sets no_new_privs, then installs its seccomp
+/// filter (`seccomp_policy::vmm`); every thread libkrun starts inherits all three.
 fn confine_syscalls() -> Result<(), LaunchError> {
+    egress::keep_capabilities(&RUNNER_CAPABILITIES).map_err(LaunchError::Seccomp)?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| LaunchError::Seccomp(e.to_string()))?;
     seccomp_policy::vmm::install_runner().map_err(|e| LaunchError::Seccomp(e.to_string()))?;
     Ok(())
