@@ -416,7 +416,64 @@ mod tests {
         if Path::new("/proc/1/root").exists() || Path::new("/proc/self/root").exists() {
             wrong.push("another root is reachable through /proc".into());
         }
+        if let Some(found) = climbs_to_host_file(&s.join("layer/root")) {
+            wrong.push(format!("`..` names from the share's root reach {found}"));
+        }
         wrong.join("; ")
+    }
+
+    /// libkrun's virtio-fs lookup of a name a guest sends, made again and again with `..` from
+    /// the root share (`openat(parent, name, O_PATH | O_NOFOLLOW)`, what its server does: a
+    /// guest that took over its kernel could send these); then `etc/passwd` and `usr` from
+    /// where that ends. The host file reached, if any.
+    fn climbs_to_host_file(share: &Path) -> Option<String> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let mut dir = File::open(share).ok().map(OwnedFd::from)?;
+        for _ in 0..32 {
+            // SAFETY: a valid descriptor and a NUL-terminated name; the result is checked.
+            let up = unsafe {
+                libc::openat(
+                    dir.as_raw_fd(),
+                    c"..".as_ptr(),
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            };
+            if up < 0 {
+                break;
+            }
+            // SAFETY: openat returned a new descriptor nothing else owns.
+            dir = unsafe { OwnedFd::from_raw_fd(up) };
+        }
+        for name in [c"etc/passwd", c"usr"] {
+            // SAFETY: as above.
+            let fd = unsafe {
+                libc::openat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: closes the descriptor just opened.
+                unsafe { libc::close(fd) };
+                return Some(name.to_string_lossy().into_owned());
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn without_its_own_root_dotdot_names_reach_the_host() {
+        // The attack works where the runner has the host's root: what `own_root` takes away.
+        let s = layer();
+        if !Path::new("/etc/passwd").exists() {
+            println!("DID NOT RUN: this host has no /etc/passwd to reach");
+            return;
+        }
+        assert_eq!(
+            climbs_to_host_file(&s.path().join("layer/root")).as_deref(),
+            Some("etc/passwd")
+        );
     }
 
     #[test]
