@@ -953,55 +953,101 @@ async fn a_guest_listen_opens_nothing_on_the_host() {
     for network in [true, false] {
         let id = create(&stack, "python", json!({"network": network})).await;
         let before = host_sockets();
-        // While the guest listens: no runner socket is among the host's, and no new listener
-        // appeared there at all.
-        let listen = json!({"argv": ["python3", "-c", LISTEN, "12"], "timeout_ms": 60000});
-        let (answer, (during, runner_sockets)) =
-            tokio::join!(exec_ok(&stack, &id, listen), async {
-                tokio::time::sleep(Duration::from_secs(6)).await;
-                let runner_sockets: Vec<u64> = runner_pids()
-                    .iter()
-                    .flat_map(|pid| socket_inodes(*pid))
-                    .collect();
-                (host_sockets(), runner_sockets)
-            });
+        // While the guest listens (sampled through its whole sleep: its start under the lab's
+        // emulation takes seconds): no runner socket is among the host's, and no new listener
+        // appears there at all.
+        let listen = json!({"argv": ["python3", "-c", LISTEN, "20"], "timeout_ms": 60000});
+        let (answer, seen) = tokio::join!(exec_ok(&stack, &id, listen), async {
+            let mut seen = Seen::default();
+            let until = Instant::now() + Duration::from_secs(18);
+            while Instant::now() < until {
+                seen.sample(&before);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            seen
+        });
         let ports = stdout(&answer).trim().to_string();
         assert!(!ports.is_empty(), "the guest listened: {answer}");
         assert!(
-            !runner_sockets.is_empty(),
+            seen.runner_sockets > 0,
             "network {network}: no VM runner (or none of its sockets) was found to check"
         );
-        for (inode, line) in &during {
-            assert!(
-                !runner_sockets.contains(inode),
-                "network {network}: a VM runner's socket is in the host's namespace: {line}"
-            );
-        }
-        let new_listeners: Vec<&String> = during
-            .iter()
-            .filter(|(inode, line)| !before.contains_key(inode) && line.contains(" 0A "))
-            .map(|(_, line)| line)
-            .collect();
         assert!(
-            new_listeners.is_empty(),
+            seen.in_host.is_empty(),
+            "network {network}: a VM runner's socket is in the host's namespace: {:?}",
+            seen.in_host
+        );
+        assert!(
+            seen.new_host_listeners.is_empty(),
             "network {network}: the guest's listen (its ports {ports}) opened host listeners: \
-             {new_listeners:?}"
+             {:?}",
+            seen.new_host_listeners
         );
         println!(
-            "network {network}: the guest listened on {ports} (tcp, udp); no host listener, \
-             {} runner sockets none in the host's namespace",
-            runner_sockets.len()
+            "network {network}: the guest listened on {ports} (tcp, udp); no host listener; \
+             up to {} runner sockets, none in the host's namespace; listeners in the runner's \
+             own namespace: {:?}",
+            seen.runner_sockets, seen.in_runner_namespace
         );
         stop(&stack, &id, true).await;
+    }
+}
+
+/// What the listen test saw of the runners' sockets while a guest listened.
+#[derive(Default)]
+struct Seen {
+    /// The most sockets the runners held at one time.
+    runner_sockets: usize,
+    /// A runner's socket found in the host's namespace (never).
+    in_host: Vec<String>,
+    /// Listeners of the host's namespace that were not there before (never).
+    new_host_listeners: Vec<String>,
+    /// A runner's listening sockets in its own namespace (TSI's side of a guest's listen).
+    in_runner_namespace: Vec<String>,
+}
+
+impl Seen {
+    fn sample(&mut self, host_before: &std::collections::HashMap<u64, String>) {
+        let host = host_sockets();
+        let mut held = 0;
+        for pid in runner_pids() {
+            let ours = socket_inodes(pid);
+            held += ours.len();
+            for inode in &ours {
+                if let Some(line) = host.get(inode) {
+                    self.in_host.push(line.clone());
+                }
+            }
+            for (inode, line) in sockets_of(&format!("/proc/{pid}/net")) {
+                let listening = line.contains(" 0A ") || line.starts_with("udp");
+                if ours.contains(&inode) && listening && !self.in_runner_namespace.contains(&line) {
+                    self.in_runner_namespace.push(line);
+                }
+            }
+        }
+        self.runner_sockets = self.runner_sockets.max(held);
+        for (inode, line) in &host {
+            if !host_before.contains_key(inode)
+                && line.contains(" 0A ")
+                && !self.new_host_listeners.contains(line)
+            {
+                self.new_host_listeners.push(line.clone());
+            }
+        }
     }
 }
 
 /// The host network namespace's inet sockets (`/proc/net/{tcp,tcp6,udp,udp6}` as this test
 /// sees them): inode -> line.
 fn host_sockets() -> std::collections::HashMap<u64, String> {
+    sockets_of("/proc/self/net")
+}
+
+/// The inet sockets of the network namespace `/proc/.../net` shows: inode -> line.
+fn sockets_of(net: &str) -> std::collections::HashMap<u64, String> {
     let mut sockets = std::collections::HashMap::new();
     for table in ["tcp", "tcp6", "udp", "udp6"] {
-        let text = std::fs::read_to_string(format!("/proc/self/net/{table}")).unwrap_or_default();
+        let text = std::fs::read_to_string(format!("{net}/{table}")).unwrap_or_default();
         for line in text.lines().skip(1) {
             if let Some(inode) = line.split_whitespace().nth(9).and_then(|i| i.parse().ok()) {
                 if inode != 0 {

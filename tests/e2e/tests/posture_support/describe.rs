@@ -368,8 +368,12 @@ fn fds(
 ) -> Vec<String> {
     let mut stdio = Vec::new();
     let mut others: Vec<(String, usize)> = Vec::new();
+    let runner = owner.raw.exe.ends_with("/sandbox-libkrun-vm");
     for fd in &owner.raw.fds {
-        let what = describe_fd(fd, owner, observed, namespaces, context);
+        let mut what = describe_fd(fd, owner, observed, namespaces, context);
+        if runner && fd.num > 2 && is_guest_file(&what) {
+            what = GUEST_FILES.to_string();
+        }
         if fd.num <= 2 {
             stdio.push(format!("{} {what}", fd.num));
             continue;
@@ -379,15 +383,32 @@ fn fds(
             None => others.push((what, 1)),
         }
     }
-    stdio.extend(
-        others
-            .into_iter()
-            .map(|(what, n)| match what.ends_with(OWN_PIPES) {
-                true => format!("x* {what}"),
-                false => format!("x{n} {what}"),
-            }),
-    );
+    stdio.extend(others.into_iter().map(|(what, n)| {
+        match what.ends_with(OWN_PIPES) || what == GUEST_FILES {
+            true => format!("x* {what}"),
+            false => format!("x{n} {what}"),
+        }
+    }));
     stdio
+}
+
+/// A VM runner's descriptors of the files and directories its guest looked up or opened
+/// through virtio-fs (libkrun keeps one per inode the guest's kernel holds): counted as `x*`,
+/// how many being the guest's business. The runner's own `/proc/self/fd` is not one.
+const GUEST_FILES: &str = "files of its shares the guest holds (virtio-fs)";
+
+fn is_guest_file(what: &str) -> bool {
+    let file_or_dir = [
+        "path dir ",
+        "path file ",
+        "r file ",
+        "rw file ",
+        "r dir ",
+        "rw dir ",
+    ]
+    .iter()
+    .any(|prefix| what.starts_with(prefix));
+    file_or_dir && !what.ends_with("/proc/self/fd") && !what.contains("/dev/kvm")
 }
 
 /// A pipe whose two ends only its process holds: counted as `x*` (any number).
