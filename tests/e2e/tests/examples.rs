@@ -1,0 +1,87 @@
+//! The examples under `examples/` run as a user runs them, against the test engine and the
+//! adapter on the bwrap plugin, and print exactly the output their READMEs show: the block
+//! after the README's `expected-output` marker is the expected stdout.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use e2e_tests::{bwrap_usable, repo_root, Stack};
+
+/// The fenced block after `<!-- expected-output ... -->` in `readme`.
+fn expected_output(readme: &Path) -> String {
+    let text = std::fs::read_to_string(readme)
+        .unwrap_or_else(|e| panic!("{}: {e}", readme.display()));
+    let after = text
+        .split_once("<!-- expected-output")
+        .unwrap_or_else(|| panic!("{} has no expected-output marker", readme.display()))
+        .1;
+    let block = after
+        .split_once("```\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("{}: no fenced block after the marker", readme.display()))
+        .0;
+    block.to_string()
+}
+
+/// A directory holding the official Python iii-sdk at the version the fixtures pin
+/// (tests/fixtures/iii-sdk-py.txt, with hashes), installed with the host's pip once per test
+/// process; or why not (no pip, PyPI not reachable).
+fn python_sdk() -> Result<PathBuf, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sandbox-examples-pysdk-{}", std::process::id()));
+        let out = Command::new("/usr/bin/python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(["--require-hashes", "--only-binary=:all:", "--target"])
+            .arg(&dir)
+            .arg("-r")
+            .arg(repo_root().join("tests/fixtures/iii-sdk-py.txt"))
+            .output()
+            .map_err(|e| format!("cannot run /usr/bin/python3 -m pip: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pip could not install the Python iii-sdk: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(dir)
+    })
+    .clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_code_interpreter_prints_what_its_readme_says() {
+    let test = "python_code_interpreter_prints_what_its_readme_says";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let sdk = match python_sdk() {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("\n*** {test} DID NOT RUN: {why} ***\n");
+            return;
+        }
+    };
+    let example = repo_root().join("examples/python");
+    let expected = expected_output(&example.join("README.md"));
+    let stack = Stack::bwrap().await;
+    let out = tokio::process::Command::new("/usr/bin/python3")
+        .arg(example.join("code_interpreter.py"))
+        .env("III_URL", stack.engine.url())
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        stack.adapter.log()
+    );
+    assert_eq!(stdout, expected, "the example's output is not its README's");
+    let list = stack.call("list", serde_json::json!({})).await.unwrap();
+    assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
+}
