@@ -85,3 +85,65 @@ async fn python_code_interpreter_prints_what_its_readme_says() {
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
     assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
 }
+
+/// A copy of `examples/node` with its locked dependencies installed (`npm ci`), once per test
+/// process; or why not (no node or npm, the npm registry not reachable).
+fn node_example() -> Result<PathBuf, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sandbox-examples-node-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for file in ["package.json", "package-lock.json", "code_interpreter.mjs"] {
+            std::fs::copy(repo_root().join("examples/node").join(file), dir.join(file))
+                .map_err(|e| format!("copying {file}: {e}"))?;
+        }
+        let out = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--silent"])
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("cannot run npm: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "npm ci could not install the iii-sdk: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(dir)
+    })
+    .clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_code_interpreter_prints_what_its_readme_says() {
+    let test = "node_code_interpreter_prints_what_its_readme_says";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let dir = match node_example() {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("\n*** {test} DID NOT RUN: {why} ***\n");
+            return;
+        }
+    };
+    let expected = expected_output(&repo_root().join("examples/node/README.md"));
+    let stack = Stack::bwrap().await;
+    let out = tokio::process::Command::new("node")
+        .arg("code_interpreter.mjs")
+        .current_dir(&dir)
+        .env("III_URL", stack.engine.url())
+        .output()
+        .await
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        stack.adapter.log()
+    );
+    assert_eq!(stdout, expected, "the example's output is not its README's");
+    let list = stack.call("list", serde_json::json!({})).await.unwrap();
+    assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
+}
