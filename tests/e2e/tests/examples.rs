@@ -147,3 +147,56 @@ async fn node_code_interpreter_prints_what_its_readme_says() {
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
     assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
 }
+
+/// Copies the tree at `from` into `to` (which exists).
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compose_project_runs_its_worker_vm_as_its_readme_says() {
+    if !bwrap_usable("compose_project_runs_its_worker_vm_as_its_readme_says") {
+        return;
+    }
+    let example = repo_root().join("examples/compose");
+    let expected = expected_output(&example.join("README.md"));
+    // A copy the adapter's user owns (an ordinary-user adapter must reach it), as Compose's
+    // project directory.
+    let project = e2e_tests::host_dir();
+    copy_tree(&example, project.path());
+    let token = "example-worker-token-0123456789";
+    let options = e2e_tests::AdapterOptions {
+        env: vec![
+            ("III_SANDBOX_WORKER_TOKEN".into(), token.into()),
+            ("III_COMPOSE_DIR".into(), project.path().display().to_string()),
+        ],
+        ..e2e_tests::AdapterOptions::default()
+    };
+    let stack = Stack::start(serde_json::json!({}), options).await;
+    let out = tokio::process::Command::new("bash")
+        .arg(project.path().join("compose_calls.sh"))
+        .env("III_URL", stack.engine.url())
+        .env("III_SANDBOX_WORKER_TOKEN", token)
+        .env("TRIGGER", e2e_tests::profile_dir().join("trigger"))
+        .output()
+        .await
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        stack.adapter.log()
+    );
+    assert_eq!(stdout, expected, "the example's output is not its README's");
+}
