@@ -6,7 +6,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 trigger=${TRIGGER:-trigger}
-auth=${III_SANDBOX_WORKER_TOKEN:?the adapter's worker token}
+auth=${III_SANDBOX_WORKER_TOKEN:?set it to the token the adapter was started with}
 call() { "$trigger" "sandbox-libkrun::worker::$1" "$2"; }
 field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get(sys.argv[1]))' "$1"; }
 body() { python3 -c 'import json,sys; d={"auth":sys.argv[1],"vm_id":"hello"}; d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$auth" "$1"; }

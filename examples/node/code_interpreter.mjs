@@ -16,7 +16,8 @@ console.log(\`analysed \${rows.length} rows\`)
 `
 const data = 'item,units,price\napple,30,0.5\npear,12,0.75\nplum,45,0.2\n'
 
-const iii = registerWorker(url, { workerName: 'code-interpreter-example' })
+// OTel off: the SDK would print its telemetry set-up on stdout, among the example's output.
+const iii = registerWorker(url, { workerName: 'code-interpreter-example', otel: { enabled: false } })
 const call = (fn, payload) =>
   iii.trigger({ function_id: `sandbox-libkrun::${fn}`, payload, timeoutMs: 120000 })
 

@@ -10,8 +10,8 @@ use e2e_tests::{bwrap_usable, repo_root, Stack};
 
 /// The fenced block after `<!-- expected-output ... -->` in `readme`.
 fn expected_output(readme: &Path) -> String {
-    let text = std::fs::read_to_string(readme)
-        .unwrap_or_else(|e| panic!("{}: {e}", readme.display()));
+    let text =
+        std::fs::read_to_string(readme).unwrap_or_else(|e| panic!("{}: {e}", readme.display()));
     let after = text
         .split_once("<!-- expected-output")
         .unwrap_or_else(|| panic!("{} has no expected-output marker", readme.display()))
@@ -30,9 +30,16 @@ fn expected_output(readme: &Path) -> String {
 fn python_sdk() -> Result<PathBuf, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("sandbox-examples-pysdk-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("sandbox-examples-pysdk-{}", std::process::id()));
         let out = Command::new("/usr/bin/python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(["--require-hashes", "--only-binary=:all:", "--target"])
             .arg(&dir)
             .arg("-r")
@@ -83,7 +90,11 @@ async fn python_code_interpreter_prints_what_its_readme_says() {
     );
     assert_eq!(stdout, expected, "the example's output is not its README's");
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
-    assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
+    assert_eq!(
+        list["sandboxes"],
+        serde_json::json!([]),
+        "nothing left: {list}"
+    );
 }
 
 /// A copy of `examples/node` with its locked dependencies installed (`npm ci`), once per test
@@ -91,7 +102,8 @@ async fn python_code_interpreter_prints_what_its_readme_says() {
 fn node_example() -> Result<PathBuf, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("sandbox-examples-node-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("sandbox-examples-node-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for file in ["package.json", "package-lock.json", "code_interpreter.mjs"] {
             std::fs::copy(repo_root().join("examples/node").join(file), dir.join(file))
@@ -143,9 +155,23 @@ async fn node_code_interpreter_prints_what_its_readme_says() {
         String::from_utf8_lossy(&out.stderr),
         stack.adapter.log()
     );
-    assert_eq!(stdout, expected, "the example's output is not its README's");
+    // The npm SDK prints its own status lines on stdout (`[iii] Worker registered with ID:
+    // <uuid>`, `[OTel] ...`); its README says so, and they are not the example's output.
+    let own: String = stdout
+        .lines()
+        .filter(|line| !line.starts_with("[iii] ") && !line.starts_with("[OTel] "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_eq!(
+        own, expected,
+        "the example's output is not its README's:\n{stdout}"
+    );
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
-    assert_eq!(list["sandboxes"], serde_json::json!([]), "nothing left: {list}");
+    assert_eq!(
+        list["sandboxes"],
+        serde_json::json!([]),
+        "nothing left: {list}"
+    );
 }
 
 /// Copies the tree at `from` into `to` (which exists).
@@ -177,7 +203,10 @@ async fn compose_project_runs_its_worker_vm_as_its_readme_says() {
     let options = e2e_tests::AdapterOptions {
         env: vec![
             ("III_SANDBOX_WORKER_TOKEN".into(), token.into()),
-            ("III_COMPOSE_DIR".into(), project.path().display().to_string()),
+            (
+                "III_COMPOSE_DIR".into(),
+                project.path().display().to_string(),
+            ),
         ],
         ..e2e_tests::AdapterOptions::default()
     };
