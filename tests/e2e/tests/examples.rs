@@ -1,6 +1,6 @@
 //! The examples under `examples/` run as a user runs them, against the test engine and the
 //! adapter on the bwrap plugin, and print exactly the output their READMEs show: the block
-//! after the README's `expected-output` marker is the expected stdout.
+//! after the README's `<!-- expected-output FILE` marker is FILE's expected stdout.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,13 +8,18 @@ use std::sync::OnceLock;
 
 use e2e_tests::{bwrap_usable, repo_root, Stack};
 
-/// The fenced block after `<!-- expected-output ... -->` in `readme`.
-fn expected_output(readme: &Path) -> String {
+/// The fenced block after `<!-- expected-output FILE ... -->` in `readme`.
+fn expected_output(readme: &Path, file: &str) -> String {
     let text =
         std::fs::read_to_string(readme).unwrap_or_else(|e| panic!("{}: {e}", readme.display()));
     let after = text
-        .split_once("<!-- expected-output")
-        .unwrap_or_else(|| panic!("{} has no expected-output marker", readme.display()))
+        .split_once(&format!("<!-- expected-output {file}"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no expected-output marker for {file}",
+                readme.display()
+            )
+        })
         .1;
     let block = after
         .split_once("```\n")
@@ -57,9 +62,9 @@ fn python_sdk() -> Result<PathBuf, String> {
     .clone()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn python_code_interpreter_prints_what_its_readme_says() {
-    let test = "python_code_interpreter_prints_what_its_readme_says";
+/// Runs `examples/python/<program>` with the official SDK against a fresh stack and checks its
+/// stdout against the README's block for it.
+async fn python_example_prints_what_its_readme_says(test: &str, program: &str) {
     if !bwrap_usable(test) {
         return;
     }
@@ -71,10 +76,10 @@ async fn python_code_interpreter_prints_what_its_readme_says() {
         }
     };
     let example = repo_root().join("examples/python");
-    let expected = expected_output(&example.join("README.md"));
+    let expected = expected_output(&example.join("README.md"), program);
     let stack = Stack::bwrap().await;
     let out = tokio::process::Command::new("/usr/bin/python3")
-        .arg(example.join("code_interpreter.py"))
+        .arg(example.join(program))
         .env("III_URL", stack.engine.url())
         .env("PYTHONPATH", &sdk)
         .output()
@@ -83,18 +88,45 @@ async fn python_code_interpreter_prints_what_its_readme_says() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
+        "{program} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
         stack.adapter.log()
     );
-    assert_eq!(stdout, expected, "the example's output is not its README's");
+    assert_eq!(stdout, expected, "{program}'s output is not its README's");
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
     assert_eq!(
         list["sandboxes"],
         serde_json::json!([]),
         "nothing left: {list}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_code_interpreter_prints_what_its_readme_says() {
+    python_example_prints_what_its_readme_says(
+        "python_code_interpreter_prints_what_its_readme_says",
+        "code_interpreter.py",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_streaming_prints_what_its_readme_says() {
+    python_example_prints_what_its_readme_says(
+        "python_streaming_prints_what_its_readme_says",
+        "streaming.py",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_repl_prints_what_its_readme_says() {
+    python_example_prints_what_its_readme_says(
+        "python_repl_prints_what_its_readme_says",
+        "repl.py",
+    )
+    .await;
 }
 
 /// A copy of `examples/node` with its locked dependencies installed (`npm ci`), once per test
@@ -138,7 +170,10 @@ async fn node_code_interpreter_prints_what_its_readme_says() {
             return;
         }
     };
-    let expected = expected_output(&repo_root().join("examples/node/README.md"));
+    let expected = expected_output(
+        &repo_root().join("examples/node/README.md"),
+        "code_interpreter.mjs",
+    );
     let stack = Stack::bwrap().await;
     let out = tokio::process::Command::new("node")
         .arg("code_interpreter.mjs")
@@ -194,7 +229,7 @@ async fn compose_project_runs_its_worker_vm_as_its_readme_says() {
         return;
     }
     let example = repo_root().join("examples/compose");
-    let expected = expected_output(&example.join("README.md"));
+    let expected = expected_output(&example.join("README.md"), "compose_calls.sh");
     // A copy the adapter's user owns (an ordinary-user adapter must reach it), as Compose's
     // project directory.
     let project = e2e_tests::host_dir();
