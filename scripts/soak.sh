@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bounded soak (issue 10): mixed create / exec / fs::write / fs::read / stop at the caps
+# The bounded soak: mixed create / exec / fs::write / fs::read / stop at the caps
 # on the bwrap plugin for SECONDS (default 600), with a guest flooding its agent with signals
 # and a worker VM flooding its output all along (their host logs held to the README's "Logs"
 # ceiling each round), then the adapter's fds, threads and RSS, the

@@ -28,13 +28,21 @@ failure_digest() {
     echo
     echo "=== failures of: $label"
     [ -f "$work/$label.log" ] || continue
-    # cargo test's "failures:" sections, each up to its "test result:" line, without stack
-    # backtraces (RUST_BACKTRACE may be set: a CI log's tail must show the panic messages,
-    # not frames); the last 300 lines of them, the panics being at their ends.
-    awk '/^failures:$/ {on=1} /^stack backtrace:$/ {bt=1}
-      on && !bt && !/^ +[0-9]+: / && !/^ +at / {print}
-      /^note: Some details are omitted/ {bt=0} /^test result:/ {on=0; bt=0}' "$work/$label.log" | tail -n 300
-    grep -E '^error: .*target|^    `-p ' "$work/$label.log" || true
+    # For each failing test, its name and the first lines of its panic message: a message
+    # may carry a whole adapter log after its first line, so each is cut at 12 lines (the
+    # test's full output is in the log above). Then libtest's list of the failing names.
+    # Backtrace frames are skipped (RUST_BACKTRACE may be set).
+    awk '
+      /^---- .* stdout ----$/ { name = $2; panic = 0; listing = 0; next }
+      /^thread .* panicked at / { print "--- " name ": " $0; panic = 1; lines = 0; next }
+      panic && (/^note: / || /^stack backtrace:$/ || /^---- / || /^failures:$/) { panic = 0 }
+      panic { if (lines < 12) print "    " substr($0, 1, 400); else if (lines == 12) print "    [...]"; lines++ }
+      /^failures:$/ { listing = 1; next }
+      listing && /^    [^ ]/ { print "FAILED" $0 }
+      /^test result:/ { listing = 0 }
+    ' "$work/$label.log"
+    # A pass that failed before any test ran (a build error) names its target instead.
+    grep -E '^error(\[E[0-9]+\])?: |^    `-p ' "$work/$label.log" | head -n 40 || true
   done
 }
 

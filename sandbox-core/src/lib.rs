@@ -19,7 +19,7 @@
 //! | 5, host prerequisites | [`backend::Backend::probe`] |
 //! | 7, no orphans, reconciliation | `layer.rs` |
 //! | 7, idle reaping | `reaper.rs` |
-//! | warm pool (`warm_pool`, issue 13) | `warm_pool.rs` |
+//! | warm pool (`warm_pool`) | `warm_pool.rs` |
 //! | 6, worker VMs (`worker::*`) | [`ops::worker`] |
 //! | 3 and 8, sandboxes on the bus (`sandbox_bus_*`) | [`bus`] |
 

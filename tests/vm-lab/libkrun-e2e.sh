@@ -29,13 +29,13 @@ cargo build -q -p sandbox-libkrun -p plugin-libkrun -p plugin-bwrap -p vm-runner
 build_json=$(cargo test -p e2e-tests --test libkrun --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test libkrun --no-run; exit 1; }
 test_bin=$(grep -o '"executable":"[^"]*/libkrun-[0-9a-f]*"' <<<"$build_json" | tail -1 | cut -d'"' -f4)
-# The install test (issue 12: one file, as Compose installs it) on libkrun by name: the
+# The install test (one file, as Compose installs it) on libkrun by name: the
 # release archive is built here (cached after test.sh's own run of install.rs), the lab only
 # extracts and boots.
 install_json=$(cargo test -p e2e-tests --test install --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test install --no-run; exit 1; }
 install_bin=$(grep -o '"executable":"[^"]*/install-[0-9a-f]*"' <<<"$install_json" | tail -1 | cut -d'"' -f4)
-# The network test's first check (issue 9's promises) on libkrun microVMs.
+# The network test's first check (a network that never opens the bus) on libkrun microVMs.
 network_json=$(cargo test -p e2e-tests --test network --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test network --no-run; exit 1; }
 network_bin=$(grep -o '"executable":"[^"]*/network-[0-9a-f]*"' <<<"$network_json" | tail -1 | cut -d'"' -f4)

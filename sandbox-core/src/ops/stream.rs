@@ -1,4 +1,4 @@
-//! Streamed exec (issue 13): `exec`/`run` with `stream` (the write end of a caller's engine
+//! Streamed exec: `exec`/`run` with `stream` (the write end of a caller's engine
 //! channel) get the program's output as it arrives, as NDJSON lines
 //! `{"stream":"stdout"|"stderr","data_b64":...}` and a last `{"exit":{...}}`; with
 //! `stdin_stream` (the read end of one) the program's stdin is fed as the caller writes.

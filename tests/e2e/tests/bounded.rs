@@ -1,4 +1,4 @@
-//! Bounded and self-healing sandboxes (issue 10) on the bwrap plugin: a fork bomb is capped
+//! Bounded and self-healing sandboxes on the bwrap plugin: a fork bomb is capped
 //! by `max_pids_per_sandbox`, creates above the adapter's ceilings are S400 without any
 //! `per_image_caps`, a memory bomb kills its own process and not the agent, a sandbox whose
 //! agent is gone is stopped at once, oversized requests are S001 and leave the link whole,

@@ -1,4 +1,4 @@
-//! Disk limits (issue 10) on the bwrap plugin: a sandbox's writable layer holds
+//! Disk limits on the bwrap plugin: a sandbox's writable layer holds
 //! `default_disk_mb` and no more: past it the sandbox sees ENOSPC, the host's state
 //! filesystem did not pay for it, and the sandbox keeps serving; `/tmp` likewise. A worker
 //! VM's persistent layer (an ext4 image: a loop device, or FUSE for an ordinary user) is bounded the same way and keeps

@@ -1,4 +1,4 @@
-//! The escape suite (issue 8): code in a sandbox or a worker VM tries what a hostile tenant
+//! The escape suite: code in a sandbox or a worker VM tries what a hostile tenant
 //! would (host root through the id mapping, `core_pattern`, kernel knobs, remounting
 //! read-only mounts, new mounts, user namespaces, kernel interfaces, ptrace of the adapter,
 //! setuid binaries, packet, raw and vsock sockets, io_uring) and every attempt must fail,

@@ -1,4 +1,4 @@
-//! The foundation end to end (issue 2): the real `sandbox-libkrun` binary on its plugins,
+//! The foundation end to end: the real `sandbox-libkrun` binary on its plugins,
 //! through the test engine. `adapter::info`, the registered schemas, the worker name, the
 //! worker-token guard and what the log may hold, the bwrap plugin under its own name, and
 //! plugin files that are not plugins.

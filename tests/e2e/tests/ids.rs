@@ -1,4 +1,4 @@
-//! The ids a sandbox has (issue 8) on the bwrap plugin: a root adapter maps 65536 of them onto
+//! The ids a sandbox has on the bwrap plugin: a root adapter maps 65536 of them onto
 //! an unprivileged host range; an ordinary user's adapter maps its own id as root and, when
 //! the user has subordinate ranges and `uidmap`'s helpers, ids 1..65535 onto those ranges.
 //! Either way a program that switches to another uid does what `adapter::info` promises, what

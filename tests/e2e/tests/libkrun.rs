@@ -353,7 +353,7 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     assert!(died, "VM runner {runner} outlived a kill -9 of the adapter");
 }
 
-/// Issue 13's additions on microVMs: a create served by the warm pool boots nothing on the
+/// The warm pool and streamed exec on microVMs: a create served by the warm pool boots nothing on the
 /// caller's path, and a streamed exec delivers its output while the program runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_warm_pool_and_streamed_exec_serve_microvms() {

@@ -1,4 +1,4 @@
-//! Networking that never opens the bus (issue 9), on the bwrap plugin, and on the libkrun
+//! Networking that never opens the bus, on the bwrap plugin, and on the libkrun
 //! plugin's microVMs where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun` (the VM lab runs it so): every
 //! sandbox has a network namespace of its own; `network: true` reaches "public" addresses
 //! through pasta and is refused, at once, for the host's loopback, private, link-local and

@@ -1,4 +1,4 @@
-//! Adapter memory on large inline payloads (issue 10, "payloads"): four `fs::write`s of
+//! Adapter memory on large inline payloads: four `fs::write`s of
 //! `PAYLOAD_MIB` MiB each as `content_b64` at once, then one `exec` with a `PAYLOAD_MIB` MiB
 //! `stdin`, through the engine, on the bwrap plugin. The adapter's peak (`VmHWM`, reset before
 //! each phase where the kernel lets us, else VmRSS sampled every 5 ms) must stay under a small

@@ -1,4 +1,4 @@
-//! The bounded soak (issue 10) on the bwrap plugin: mixed create / exec / fs::write /
+//! The bounded soak on the bwrap plugin: mixed create / exec / fs::write /
 //! fs::read / stop at the caps (`max_concurrent_sandboxes`, exec slots) for
 //! `SANDBOX_SOAK_SECS` seconds (default 60 here; `scripts/soak.sh` runs 600), with a guest
 //! flooding its agent with signals and a worker VM flooding its output all along (their host

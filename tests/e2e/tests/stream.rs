@@ -1,4 +1,4 @@
-//! Streamed exec through the engine on the bwrap plugin (issue 13): `exec`'s `stream` (the
+//! Streamed exec through the engine on the bwrap plugin: `exec`'s `stream` (the
 //! write end of a channel the test made) carries the output as NDJSON while the program runs,
 //! then the exit line; `stdin_stream` drives an interactive program; a reader that stops
 //! reading blocks the program, not the adapter's memory; a broken stream is S218.

@@ -1,4 +1,4 @@
-//! Upgrading from iii 0.25 (issue 12): a python root that 0.25 pulled into its cache
+//! Upgrading from iii 0.25: a python root that 0.25 pulled into its cache
 //! (`<image_cache_dir>/<slug>/`, the root itself with `.oci-config.json` inside) serves
 //! `create` with no registry reachable and `auto_install` off, its saved config in force, and
 //! is never written into; without `.oci-config.json` (an extraction 0.25 did not finish) it is

@@ -1,4 +1,4 @@
-//! The warm pool end to end (issue 13), on bwrap: creates served from `warm_pool` boot nothing
+//! The warm pool end to end, on bwrap: creates served from `warm_pool` boot nothing
 //! (proved by the boots the adapter counts in `adapter::info.boots`, and by the id handed out
 //! being the one of a layer that was on disk before the create), a create the pool cannot
 //! serve boots as usual, the pool refills, concurrent creates get different sandboxes, the

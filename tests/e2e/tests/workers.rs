@@ -793,7 +793,7 @@ async fn the_adapter_never_follows_links_planted_for_the_log() {
     let logs_dir = worker_dir(&stack, "hostile").join("logs");
     let host_log = logs_dir.join("worker.log");
 
-    // The attack of issue 8, from inside: the guest sets up links where the log used to be
+    // The log-link attack, from inside: the guest sets up links where the log used to be
     // mounted (/iii-logs) and writes 17 MiB, past the old trim limit (16 MiB).
     let script = format!(
         "mkdir -p /iii-logs && ln -sf {shadow} /iii-logs/worker.log && \
