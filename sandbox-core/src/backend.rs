@@ -112,8 +112,25 @@ pub struct Booted {
 pub trait SandboxProcess: Send + Sync {
     fn pid(&self) -> Option<u32>;
     fn is_alive(&self) -> bool;
-    /// Kills the sandbox and everything in it, and waits until it is gone.
+    /// Kills the sandbox and everything in it, and waits until it is gone. A paused sandbox
+    /// is killed too (a backend whose frozen processes cannot die thaws them first).
     async fn kill(&self);
+
+    /// Stops every process of the sandbox where it stands, keeping its memory, until
+    /// [`SandboxProcess::resume`]. A backend that cannot answers
+    /// [`SandboxError::BackendUnsupported`] saying why.
+    async fn pause(&self) -> Result<(), SandboxError> {
+        Err(SandboxError::BackendUnsupported(
+            "this backend cannot pause a sandbox".into(),
+        ))
+    }
+
+    /// Continues every process that [`SandboxProcess::pause`] stopped.
+    async fn resume(&self) -> Result<(), SandboxError> {
+        Err(SandboxError::BackendUnsupported(
+            "this backend cannot pause a sandbox".into(),
+        ))
+    }
 }
 
 /// How much of each log a boot error carries.

@@ -45,6 +45,18 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             list_response(),
         ),
         function(
+            "pause",
+            "Freeze every process of a sandbox where it stands, keeping its memory (S310 where the backend cannot)",
+            sandbox_request(),
+            paused_response(),
+        ),
+        function(
+            "resume",
+            "Continue a paused sandbox (exec and fs calls on a paused sandbox resume it too)",
+            sandbox_request(),
+            paused_response(),
+        ),
+        function(
             "catalog::list",
             "Images that sandboxes may boot",
             empty_request(),
@@ -218,12 +230,24 @@ fn list_response() -> Value {
                     "exec_in_flight": count,
                     "exec_slots_free": count,
                     "stopped": {"type": "boolean"},
+                    "paused": {"type": "boolean", "description": "its processes are frozen (`pause`) until a `resume`, `exec` or `fs::*` call"},
                     "bus_functions": {"type": ["integer", "null"], "minimum": 0, "description": "functions the sandbox serves on the bus through the bus guard; null without a guard endpoint"},
                 }),
             )},
             "in_flight": count, "cap": count, "remaining": count, "reconciled": count,
             "pooled": {"type": "integer", "minimum": 0, "description": "slots held by warm-pool sandboxes (not listed; they yield to a create)"},
         }),
+    )
+}
+
+fn sandbox_request() -> Value {
+    object(&["sandbox_id"], json!({"sandbox_id": uuid_schema()}))
+}
+
+fn paused_response() -> Value {
+    object(
+        &["sandbox_id", "paused"],
+        json!({"sandbox_id": uuid_schema(), "paused": {"type": "boolean"}}),
     )
 }
 

@@ -127,6 +127,8 @@ impl<B: Backend> SandboxPlugin<B> {
             "exec" => ops::exec::exec(&self, payload).await,
             "stop" => ops::stop::stop(&self, payload).await,
             "list" => Ok(ops::list::list(&self)),
+            "pause" => ops::pause::pause(&self, payload).await,
+            "resume" => ops::pause::resume(&self, payload).await,
             "run" => ops::run::run(&self, payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,
