@@ -632,6 +632,10 @@ impl SandboxProcess for BwrapProcess {
         let _ = tokio::task::spawn_blocking(move || cgroup::remove_dirs(&group)).await;
     }
 
+    fn counters(&self) -> sandbox_core::Counters {
+        cgroup::counters::read(&self.group, self.process.pid())
+    }
+
     async fn pause(&self) -> Result<(), SandboxError> {
         self.freezer_step(cgroup::Freezer::freeze).await
     }

@@ -23,6 +23,7 @@
 //! (v1 lets processes and child groups share a group, so the adapter stays where it is).
 //! Otherwise `sandbox-libkrun/` at the hierarchy's root as before.
 
+pub mod counters;
 mod freezer;
 mod instance;
 

@@ -127,6 +127,7 @@ impl<B: Backend> SandboxPlugin<B> {
             "exec" => ops::exec::exec(&self, payload).await,
             "stop" => ops::stop::stop(&self, payload).await,
             "list" => Ok(ops::list::list(&self)),
+            "metrics" => ops::metrics::metrics(&self, payload),
             "pause" => ops::pause::pause(&self, payload).await,
             "resume" => ops::pause::resume(&self, payload).await,
             "run" => ops::run::run(&self, payload).await,
