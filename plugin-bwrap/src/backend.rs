@@ -286,6 +286,7 @@ impl Backend for BwrapBackend {
             writer: Box::new(stdin),
             process: Box::new(BwrapProcess {
                 process: ChildProcess::new(child),
+                freezer: cgroup::Freezer::of(&group, cgroup::Placement::get().v2),
                 group,
                 log,
             }),
@@ -570,6 +571,35 @@ struct BwrapProcess {
     /// Done once the last writer of the sandbox's log is gone and all it wrote is on disk.
     log: bounded_log::Drained,
     group: Vec<PathBuf>,
+    /// What pauses it; `None` for a sandbox without cgroups (`allow_unbounded_sandboxes`).
+    freezer: Option<cgroup::Freezer>,
+}
+
+impl BwrapProcess {
+    /// Runs a freezer step off the async workers (a freeze polls until the kernel is done).
+    async fn freezer_step(
+        &self,
+        step: fn(&cgroup::Freezer) -> std::io::Result<()>,
+    ) -> Result<(), SandboxError> {
+        let Some(freezer) = self.freezer.clone() else {
+            return Err(SandboxError::BackendUnsupported(
+                "this sandbox has no cgroup (the adapter runs sandboxes unbounded,                  allow_unbounded_sandboxes), so nothing can freeze it"
+                    .into(),
+            ));
+        };
+        match tokio::task::spawn_blocking(move || step(&freezer)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                Err(SandboxError::BackendUnsupported(e.to_string()))
+            }
+            Ok(Err(e)) => Err(SandboxError::Internal(format!(
+                "the sandbox's cgroup freezer: {e}"
+            ))),
+            Err(e) => Err(SandboxError::Internal(format!(
+                "the sandbox's cgroup freezer: {e}"
+            ))),
+        }
+    }
 }
 
 #[async_trait]
@@ -583,13 +613,35 @@ impl SandboxProcess for BwrapProcess {
     }
 
     async fn kill(&self) {
+        // A frozen v1 process does not die until thawed: thaw first (the core thaws a paused
+        // sandbox before its teardown; this covers a thaw that failed there).
+        if self.freezer.is_some() {
+            let _ = self.freezer_step(cgroup::Freezer::thaw).await;
+        }
         // Killing bwrap kills PID 1 of the sandbox's namespace, and with it every process.
         self.process.kill().await;
         // Their last words, in the log before anyone reads its tail (a boot error's).
         let _ = tokio::time::timeout(LOG_DRAIN, self.log.wait()).await;
         // Waits (briefly) for the sandbox's last processes to exit: off the async workers.
-        let group = self.group.clone();
+        let mut group = self.group.clone();
+        group.extend(
+            self.freezer
+                .as_ref()
+                .and_then(cgroup::Freezer::leftover_dir),
+        );
         let _ = tokio::task::spawn_blocking(move || cgroup::remove_dirs(&group)).await;
+    }
+
+    fn counters(&self) -> sandbox_core::Counters {
+        cgroup::counters::read(&self.group, self.process.pid())
+    }
+
+    async fn pause(&self) -> Result<(), SandboxError> {
+        self.freezer_step(cgroup::Freezer::freeze).await
+    }
+
+    async fn resume(&self) -> Result<(), SandboxError> {
+        self.freezer_step(cgroup::Freezer::thaw).await
     }
 }
 

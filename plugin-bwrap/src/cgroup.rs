@@ -23,6 +23,8 @@
 //! (v1 lets processes and child groups share a group, so the adapter stays where it is).
 //! Otherwise `sandbox-libkrun/` at the hierarchy's root as before.
 
+pub mod counters;
+mod freezer;
 mod instance;
 
 use std::fs;
@@ -30,6 +32,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub use freezer::Freezer;
 pub use instance::Instance;
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -424,6 +427,7 @@ fn find(name: &str) -> Vec<PathBuf> {
 /// Removes what adapters that are gone left (their instances and empty groups, and groups
 /// earlier versions made right in a parent); another live adapter's groups stay.
 pub fn sweep_dead_instances() {
+    freezer::sweep_dead_instances();
     instance::sweep_dead_instances(&hierarchies());
 }
 

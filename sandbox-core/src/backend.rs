@@ -107,13 +107,51 @@ pub struct Booted {
     pub process: Box<dyn SandboxProcess>,
 }
 
+/// A sandbox's usage as its backend keeps it (`metrics`); `None` where it cannot tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// CPU time of the sandbox's processes, in milliseconds.
+    pub cpu_ms: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    /// What its writable layer holds.
+    pub disk_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    /// Bytes received and sent on its network interfaces (loopback aside).
+    pub net_rx_bytes: Option<u64>,
+    pub net_tx_bytes: Option<u64>,
+}
+
 /// The host process that holds one sandbox (bwrap, or the VM runner).
 #[async_trait]
 pub trait SandboxProcess: Send + Sync {
     fn pid(&self) -> Option<u32>;
     fn is_alive(&self) -> bool;
-    /// Kills the sandbox and everything in it, and waits until it is gone.
+    /// Kills the sandbox and everything in it, and waits until it is gone. A paused sandbox
+    /// is killed too (a backend whose frozen processes cannot die thaws them first).
     async fn kill(&self);
+
+    /// Stops every process of the sandbox where it stands, keeping its memory, until
+    /// [`SandboxProcess::resume`]. A backend that cannot answers
+    /// [`SandboxError::BackendUnsupported`] saying why.
+    async fn pause(&self) -> Result<(), SandboxError> {
+        Err(SandboxError::BackendUnsupported(
+            "this backend cannot pause a sandbox".into(),
+        ))
+    }
+
+    /// What the sandbox uses now, as far as the backend can tell without asking the guest
+    /// (see [`Counters`]); a field it cannot give stays `None`.
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+
+    /// Continues every process that [`SandboxProcess::pause`] stopped.
+    async fn resume(&self) -> Result<(), SandboxError> {
+        Err(SandboxError::BackendUnsupported(
+            "this backend cannot pause a sandbox".into(),
+        ))
+    }
 }
 
 /// How much of each log a boot error carries.

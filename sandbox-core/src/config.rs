@@ -70,7 +70,13 @@ pub struct Config {
     pub allow_unbounded_sandboxes: bool,
     /// Sandboxes on the bus (`sandbox_bus_access`, `sandbox_bus_call`, `sandbox_bus_register`).
     pub bus: crate::bus::BusConfig,
+    /// How long a sandbox may stay paused before it is stopped: a paused sandbox holds its
+    /// memory and slot, so pausing cannot keep them for ever.
+    pub max_paused_secs: u64,
 }
+
+/// `max_paused_secs` when the configuration names none: one hour.
+pub const DEFAULT_MAX_PAUSED_SECS: u64 = 3600;
 
 /// `max_pids_per_sandbox` when the configuration names none.
 pub const DEFAULT_MAX_PIDS_PER_SANDBOX: u32 = 1024;
@@ -106,6 +112,7 @@ impl Default for Config {
             warm_pool: BTreeMap::new(),
             allow_unbounded_sandboxes: false,
             bus: crate::bus::BusConfig::default(),
+            max_paused_secs: DEFAULT_MAX_PAUSED_SECS,
         }
     }
 }
@@ -164,6 +171,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "network_dns",
     "warm_pool",
     "allow_unbounded_sandboxes",
+    "max_paused_secs",
     crate::bus::ACCESS_KEY,
     crate::bus::CALL_KEY,
     crate::bus::REGISTER_KEY,
@@ -270,6 +278,16 @@ impl Config {
             &mut config.allow_unbounded_sandboxes,
         )?;
         config.bus = crate::bus::BusConfig::read(object)?;
+        keys.read("max_paused_secs", &mut config.max_paused_secs)?;
+        if config.max_paused_secs > crate::request::MAX_IDLE_TIMEOUT_SECS {
+            return Err(ConfigError::WrongType {
+                key: "max_paused_secs".into(),
+                reason: format!(
+                    "must be at most {} (a week)",
+                    crate::request::MAX_IDLE_TIMEOUT_SECS
+                ),
+            });
+        }
 
         if let Some(name) = config
             .custom_images
@@ -301,6 +319,7 @@ impl Config {
             ("max_disk_mb", u64::from(config.max_disk_mb)),
             ("max_cpus", u64::from(config.max_cpus)),
             ("max_memory_mb", u64::from(config.max_memory_mb)),
+            ("max_paused_secs", config.max_paused_secs),
         ] {
             if value == 0 {
                 return Err(ConfigError::WrongType {
@@ -476,6 +495,12 @@ mod tests {
                 json!({"max_concurrent_sandboxes": -1}),
                 "key `max_concurrent_sandboxes`",
             ),
+            (json!({"max_paused_secs": 0}), "key `max_paused_secs`"),
+            (
+                json!({"max_paused_secs": 604_801}),
+                "key `max_paused_secs`: must be at most",
+            ),
+            (json!({"max_paused_secs": "1h"}), "key `max_paused_secs`"),
             (
                 json!({"max_exec_timeout_ms": 1.5}),
                 "key `max_exec_timeout_ms`",

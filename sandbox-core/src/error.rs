@@ -40,6 +40,10 @@ pub enum SandboxError {
     HostPathOutside(String),
     #[error("{0}")]
     Unsupported(String),
+    /// An operation this backend cannot perform on this host (pause on libkrun, or where
+    /// the cgroup freezer is out of the adapter's reach): S310.
+    #[error("not supported by this backend: {0}")]
+    BackendUnsupported(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -81,6 +85,7 @@ impl SandboxError {
             SandboxError::ResourceLimit(_) => ("S400", "resource_limit"),
             SandboxError::HostPathOutside(_) => ("S501", "host_path_outside_roots"),
             SandboxError::Unsupported(_) => ("S219", "unsupported"),
+            SandboxError::BackendUnsupported(_) => ("S310", "backend_unsupported"),
             SandboxError::Internal(_) => (plugin_api::error::INTERNAL, "internal_error"),
         }
     }
@@ -173,6 +178,7 @@ mod tests {
             (SandboxError::BootFailed("x".into()), "S300"),
             (SandboxError::ResourceLimit("x".into()), "S400"),
             (SandboxError::HostPathOutside("x".into()), "S501"),
+            (SandboxError::BackendUnsupported("x".into()), "S310"),
         ];
         for (error, code) in cases {
             assert_eq!(error.to_body().code, code, "{error}");

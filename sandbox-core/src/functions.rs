@@ -45,6 +45,24 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             list_response(),
         ),
         function(
+            "metrics",
+            "What a sandbox uses now (cpu, memory, disk, pids, network, uptime); null where the backend cannot tell",
+            sandbox_request(),
+            metrics_response(),
+        ),
+        function(
+            "pause",
+            "Freeze every process of a sandbox where it stands, keeping its memory (S310 where the backend cannot)",
+            sandbox_request(),
+            paused_response(),
+        ),
+        function(
+            "resume",
+            "Continue a paused sandbox (exec and fs calls on a paused sandbox resume it too)",
+            sandbox_request(),
+            paused_response(),
+        ),
+        function(
             "catalog::list",
             "Images that sandboxes may boot",
             empty_request(),
@@ -218,12 +236,52 @@ fn list_response() -> Value {
                     "exec_in_flight": count,
                     "exec_slots_free": count,
                     "stopped": {"type": "boolean"},
+                    "paused": {"type": "boolean", "description": "its processes are frozen (`pause`) until a `resume`, `exec` or `fs::*` call"},
                     "bus_functions": {"type": ["integer", "null"], "minimum": 0, "description": "functions the sandbox serves on the bus through the bus guard; null without a guard endpoint"},
                 }),
             )},
             "in_flight": count, "cap": count, "remaining": count, "reconciled": count,
             "pooled": {"type": "integer", "minimum": 0, "description": "slots held by warm-pool sandboxes (not listed; they yield to a create)"},
         }),
+    )
+}
+
+fn sandbox_request() -> Value {
+    object(&["sandbox_id"], json!({"sandbox_id": uuid_schema()}))
+}
+
+fn metrics_response() -> Value {
+    let counter = |description: &str| json!({"type": ["integer", "null"], "minimum": 0, "description": description});
+    object(
+        &[
+            "sandbox_id",
+            "cpu_ms",
+            "memory_bytes",
+            "memory_peak_bytes",
+            "disk_bytes",
+            "pids",
+            "net_rx_bytes",
+            "net_tx_bytes",
+            "uptime_ms",
+        ],
+        json!({
+            "sandbox_id": uuid_schema(),
+            "cpu_ms": counter("CPU time of the sandbox's processes"),
+            "memory_bytes": counter("memory charged to the sandbox now (its layer's pages included on bwrap)"),
+            "memory_peak_bytes": counter("the most memory charged to it at once"),
+            "disk_bytes": counter("what its writable layer holds"),
+            "pids": counter("processes and threads"),
+            "net_rx_bytes": counter("received on its network interfaces, loopback aside"),
+            "net_tx_bytes": counter("sent on its network interfaces, loopback aside"),
+            "uptime_ms": {"type": "integer", "minimum": 0},
+        }),
+    )
+}
+
+fn paused_response() -> Value {
+    object(
+        &["sandbox_id", "paused"],
+        json!({"sandbox_id": uuid_schema(), "paused": {"type": "boolean"}}),
     )
 }
 

@@ -45,7 +45,7 @@ mod warm_pool;
 
 pub use backend::{
     helper_program, log_tails, state_in_layer_image, AgentReader, AgentWriter, Backend, BootSpec,
-    Booted, ChildProcess, GuestMount, HostUnfit, Mount, SandboxProcess,
+    Booted, ChildProcess, Counters, GuestMount, HostUnfit, Mount, SandboxProcess,
 };
 pub use config::Config;
 pub use error::SandboxError;

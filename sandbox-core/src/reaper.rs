@@ -1,5 +1,6 @@
 //! Idle reaping: a sandbox with no call in flight for its idle timeout is stopped and its
 //! state removed. Never while an exec or fs call is in flight (see `Registry::take_idle`).
+//! A sandbox paused for `max_paused_secs` is stopped too.
 
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -21,6 +22,12 @@ pub fn spawn<B: Backend>(plugin: Weak<SandboxPlugin<B>>) {
             };
             for sandbox in plugin.registry.take_idle(Instant::now()) {
                 tracing::info!(sandbox_id = %sandbox.id, "idle timeout: stopping");
+                let plugin = std::sync::Arc::clone(&plugin);
+                tokio::spawn(async move { teardown(&plugin, sandbox).await });
+            }
+            let max_paused = Duration::from_secs(plugin.config.max_paused_secs);
+            for sandbox in plugin.registry.take_paused_past(Instant::now(), max_paused) {
+                tracing::info!(sandbox_id = %sandbox.id, "paused past max_paused_secs: stopping");
                 let plugin = std::sync::Arc::clone(&plugin);
                 tokio::spawn(async move { teardown(&plugin, sandbox).await });
             }

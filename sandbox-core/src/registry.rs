@@ -39,6 +39,11 @@ pub struct Sandbox {
     stopped: AtomicBool,
     /// Why the sandbox ended, once it has (for the calls it was serving).
     ended: watch::Sender<Option<String>>,
+    /// Since when the sandbox's processes are frozen (`pause`); `None` while they run.
+    paused_since: Mutex<Option<Instant>>,
+    /// Held across a freeze or a thaw, so the two never interleave and a stop's thaw comes
+    /// after any freeze already under way.
+    transition: tokio::sync::Mutex<()>,
 }
 
 /// Held while an exec or fs call runs: the reaper leaves the sandbox alone meanwhile.
@@ -86,7 +91,46 @@ impl Sandbox {
             last_activity: Mutex::new(Instant::now()),
             stopped: AtomicBool::new(false),
             ended: watch::Sender::new(None),
+            paused_since: Mutex::new(None),
+            transition: tokio::sync::Mutex::new(()),
         }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        lock(&self.paused_since).is_some()
+    }
+
+    /// Freezes the sandbox's processes (idempotent). S004 once it is stopped: a stop thaws
+    /// what it tears down, and nothing may freeze it again after that.
+    pub async fn pause(&self) -> Result<(), SandboxError> {
+        let _transition = self.transition.lock().await;
+        if self.is_stopped() {
+            return Err(SandboxError::Stopped(self.id.to_string()));
+        }
+        if self.is_paused() {
+            return Ok(());
+        }
+        self.process.pause().await?;
+        *lock(&self.paused_since) = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Thaws the sandbox's processes (idempotent). Its idle timer starts afresh: the time
+    /// it spent paused is not idleness.
+    pub async fn resume(&self) -> Result<(), SandboxError> {
+        let _transition = self.transition.lock().await;
+        if !self.is_paused() {
+            return Ok(());
+        }
+        self.process.resume().await?;
+        *lock(&self.paused_since) = None;
+        self.touch();
+        Ok(())
+    }
+
+    /// Paused for at least `max` at `now`.
+    fn paused_past(&self, now: Instant, max: Duration) -> bool {
+        lock(&self.paused_since).is_some_and(|since| now.duration_since(since) >= max)
     }
 
     /// Marks the sandbox stopped, saying why (the first cause given stays).
@@ -133,9 +177,11 @@ impl Sandbox {
         self.exec_cap
     }
 
-    /// Idle long enough to be reaped, with no call in flight.
+    /// Idle long enough to be reaped, with no call in flight. A paused sandbox's idle timer
+    /// does not run (`max_paused_secs` bounds it instead).
     pub fn is_idle(&self, now: Instant) -> bool {
-        self.calls_in_flight.load(Ordering::SeqCst) == 0
+        !self.is_paused()
+            && self.calls_in_flight.load(Ordering::SeqCst) == 0
             && now.duration_since(*lock(&self.last_activity)) >= self.idle_timeout
     }
 
@@ -270,6 +316,11 @@ impl Registry {
         }
     }
 
+    /// A live sandbox (S004 if stopped, S002 if never seen), without starting a call on it.
+    pub fn live_sandbox(&self, id: Uuid) -> Result<Arc<Sandbox>, SandboxError> {
+        Self::find(&self.state(), id)
+    }
+
     /// Starts an exec on a live sandbox. Done under the registry lock, so the reaper, which
     /// checks idleness under the same lock, can never take a sandbox a call is entering.
     pub fn begin_exec(&self, id: Uuid) -> Result<(Arc<Sandbox>, CallGuard), SandboxError> {
@@ -316,6 +367,31 @@ impl Registry {
                 .is_some_and(|(_, until)| now >= *until)
             {
                 ended.listed = None;
+            }
+        }
+        taken
+    }
+
+    /// Takes out every sandbox paused for `max_paused` or longer (`max_paused_secs`), calls
+    /// in flight or not: a call on a sandbox paused under it waits for a resume, and pausing
+    /// must not keep a sandbox's resources for ever.
+    pub fn take_paused_past(&self, now: Instant, max_paused: Duration) -> Vec<Arc<Sandbox>> {
+        let mut state = self.state();
+        let expired: Vec<Uuid> = state
+            .live
+            .values()
+            .filter(|s| s.paused_past(now, max_paused))
+            .map(|s| s.id)
+            .collect();
+        let mut taken = Vec::with_capacity(expired.len());
+        for id in expired {
+            if let Some(sandbox) = state.live.remove(&id) {
+                sandbox.end(&format!(
+                    "stopped after {} s paused (max_paused_secs)",
+                    max_paused.as_secs()
+                ));
+                remember_stopped(&mut state, id, None, None);
+                taken.push(sandbox);
             }
         }
         taken

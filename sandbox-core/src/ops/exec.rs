@@ -67,6 +67,7 @@ pub async fn exec<B: Backend>(
         streams: streams(request.stream, request.stdin_stream, has_stdin)?,
     };
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
+    crate::ops::pause::wake(&sandbox).await?;
     run_in(plugin, &sandbox, input).await
 }
 

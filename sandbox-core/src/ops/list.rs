@@ -2,7 +2,8 @@
 //! (`stopped: true` and a `cause`, until a `stop` names them or their idle timeout passes;
 //! they hold no slot), and the adapter-wide slots. Warm-pool sandboxes are not listed: they
 //! are nobody's yet; `pooled` counts the slots they hold, which yield to a create, so
-//! `remaining` leaves them out.
+//! `remaining` leaves them out. `paused` says whether a sandbox's processes are frozen
+//! (`pause`).
 
 use std::time::SystemTime;
 
@@ -27,6 +28,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "exec_in_flight": in_flight,
                 "exec_slots_free": s.exec_slots_free(),
                 "stopped": s.is_stopped(),
+                "paused": s.is_paused(),
                 "bus_functions": plugin.buses.functions(s.id),
             })
         })
@@ -40,6 +42,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "exec_in_flight": 0,
                 "exec_slots_free": 0,
                 "stopped": true,
+                "paused": false,
                 "cause": dead.cause,
             })
         }))

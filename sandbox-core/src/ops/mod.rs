@@ -6,6 +6,8 @@ pub mod exec;
 pub mod fs;
 pub mod info;
 pub mod list;
+pub mod metrics;
+pub mod pause;
 pub mod run;
 pub mod stop;
 pub mod stream;

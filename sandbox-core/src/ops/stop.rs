@@ -47,6 +47,11 @@ pub async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, sandbox: Arc<Sandbo
     // Off the bus first: its functions leave the engine before its programs end.
     plugin.buses.close(sandbox.id);
     let started = Instant::now();
+    // A paused sandbox's agent cannot say goodbye: thaw it first (nothing freezes it again,
+    // it is marked stopped). A thaw that fails leaves it to the kill, which thaws as well.
+    if let Err(e) = sandbox.resume().await {
+        tracing::warn!(sandbox_id = %sandbox.id, error = %e, "cannot thaw the paused sandbox before stopping it");
+    }
     let _ = tokio::time::timeout(AGENT_GOODBYE, sandbox.agent.shutdown()).await;
     let goodbye = started.elapsed();
     sandbox.process.kill().await;

@@ -25,7 +25,7 @@ pub async fn ls<B: Backend>(
 ) -> Result<Value, SandboxError> {
     let request: PathRequest = parse(payload)?;
     guest_path("path", &request.path)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     match on_agent(&sandbox, FsRequest::Ls { path: request.path }).await? {
         FsResponse::Entries { entries } => Ok(json!({
             "entries": entries.iter().map(entry_json).collect::<Vec<_>>(),
@@ -40,7 +40,7 @@ pub async fn stat<B: Backend>(
 ) -> Result<Value, SandboxError> {
     let request: PathRequest = parse(payload)?;
     guest_path("path", &request.path)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     match on_agent(&sandbox, FsRequest::Stat { path: request.path }).await? {
         FsResponse::Entry { entry } => Ok(entry_json(&entry)),
         other => Err(unexpected("stat", &other)),

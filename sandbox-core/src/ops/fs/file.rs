@@ -64,12 +64,12 @@ pub async fn write<B: Backend>(
     let bytes_written = match (request.content, request.content_b64) {
         (Some(content @ Value::Object(_)), None) => {
             let reader = channel::reader_from(&plugin.host, &content)?;
-            let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+            let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
             write_from_channel(&sandbox, &target, &reader).await?
         }
         (content, b64) => {
             let data = content_bytes(content, b64)?;
-            let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+            let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
             write_chunk(&sandbox, &target, data, false).await?
         }
     };
@@ -161,7 +161,7 @@ pub async fn read<B: Backend>(
 ) -> Result<Value, SandboxError> {
     let request: ReadRequest = parse(payload)?;
     guest_path("path", &request.path)?;
-    let (sandbox, call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, call) = begin(plugin, &request.sandbox_id).await?;
     let head = read_head(&sandbox, &request.path).await?;
     let body = head
         .complete

@@ -47,13 +47,15 @@ pub async fn dispatch<B: Backend>(
 }
 
 /// The live sandbox named by `id`, held for the call's duration: the reaper leaves a sandbox
-/// alone while any guard on it is alive.
-fn begin<B: Backend>(
+/// alone while any guard on it is alive. A paused one is resumed first.
+async fn begin<B: Backend>(
     plugin: &SandboxPlugin<B>,
     id: &str,
 ) -> Result<(Arc<Sandbox>, CallGuard), SandboxError> {
     let id = sandbox_id(id)?;
-    plugin.registry.begin_call(id)
+    let (sandbox, call) = plugin.registry.begin_call(id)?;
+    crate::ops::pause::wake(&sandbox).await?;
+    Ok((sandbox, call))
 }
 
 /// One filesystem operation in `sandbox`'s agent. It ends: the agent answers S216 at its

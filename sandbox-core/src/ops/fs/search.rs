@@ -71,7 +71,7 @@ pub async fn grep<B: Backend>(
     let request: GrepRequest = parse(payload)?;
     let id = request.sandbox_id.clone();
     let op = grep_op(request)?;
-    let (sandbox, _call) = begin(plugin, &id)?;
+    let (sandbox, _call) = begin(plugin, &id).await?;
     match on_agent(&sandbox, op).await? {
         FsResponse::Matches { matches, truncated } => Ok(json!({
             "matches": matches
@@ -91,7 +91,7 @@ pub async fn sed<B: Backend>(
     let request: SedRequest = parse(payload)?;
     let id = request.sandbox_id.clone();
     let op = sed_op(request)?;
-    let (sandbox, _call) = begin(plugin, &id)?;
+    let (sandbox, _call) = begin(plugin, &id).await?;
     match on_agent(&sandbox, op).await? {
         FsResponse::Replaced {
             results,

@@ -59,7 +59,7 @@ pub async fn mkdir<B: Backend>(
     let request: MkdirRequest = parse(payload)?;
     let mode = mode::parse("mode", request.mode.as_deref(), DIR_MODE)?;
     guest_path("path", &request.path)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     let op = FsRequest::Mkdir {
         path: request.path,
         mode,
@@ -80,7 +80,7 @@ pub async fn rm<B: Backend>(
 ) -> Result<Value, SandboxError> {
     let request: RmRequest = parse(payload)?;
     guest_path("path", &request.path)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     let op = FsRequest::Rm {
         path: request.path,
         recursive: request.recursive,
@@ -98,7 +98,7 @@ pub async fn chmod<B: Backend>(
     let request: ChmodRequest = parse(payload)?;
     let mode = mode::parse("mode", Some(&request.mode), 0)?;
     guest_path("path", &request.path)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     let op = FsRequest::Chmod {
         path: request.path,
         mode,
@@ -119,7 +119,7 @@ pub async fn mv<B: Backend>(
     let request: MvRequest = parse(payload)?;
     guest_path("src", &request.src)?;
     guest_path("dst", &request.dst)?;
-    let (sandbox, _call) = begin(plugin, &request.sandbox_id)?;
+    let (sandbox, _call) = begin(plugin, &request.sandbox_id).await?;
     let op = FsRequest::Mv {
         src: request.src,
         dst: request.dst,
