@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bounded_log::Start;
 use egress::network::{resolv_conf, Boundary, HostTools, NetworkSetup};
+use nix::sys::signal::Signal;
 use sandbox_core::ops::worker::VmTuning;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
@@ -259,8 +260,87 @@ impl SandboxProcess for VmProcess {
     }
 
     async fn kill(&self) {
+        // A stopped process dies of SIGKILL as it stands: a paused VM needs no resume first.
         self.runner.kill().await;
     }
+
+    /// Stops the runner, and with it every vCPU and device thread of the VM: the guest's
+    /// processes stand where they are, its memory kept. A job-control stop, decided on the
+    /// host: nothing in the guest can see it coming or undo it. The runner's helpers (pasta,
+    /// the resolver proxy) are not the guest's and stay as they are, idle without it.
+    async fn pause(&self) -> Result<(), SandboxError> {
+        self.signal(Signal::SIGSTOP)?;
+        let pid = self.runner.pid();
+        let stopped = tokio::task::spawn_blocking(move || {
+            pid.is_some_and(|pid| runner_stops_within(pid, PAUSE_WAIT))
+        })
+        .await
+        .unwrap_or(false);
+        if !stopped {
+            let _ = self.signal(Signal::SIGCONT);
+            return Err(SandboxError::Internal(format!(
+                "the VM runner did not stop within {PAUSE_WAIT:?}; it keeps running"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), SandboxError> {
+        self.signal(Signal::SIGCONT)
+    }
+}
+
+/// How long every thread of a runner may take to stop once told to.
+const PAUSE_WAIT: Duration = Duration::from_secs(5);
+
+impl VmProcess {
+    fn signal(&self, signal: Signal) -> Result<(), SandboxError> {
+        match self.runner.signal(signal) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(SandboxError::Internal(
+                "the VM runner has already exited".into(),
+            )),
+            Err(e) => Err(SandboxError::Internal(format!(
+                "cannot send {signal} to the VM runner: {e}"
+            ))),
+        }
+    }
+}
+
+/// Whether every thread of `pid` shows as stopped (`T`) within `limit`: a vCPU leaves the
+/// guest at the signal, so this takes a moment, not a guest's cooperation.
+fn runner_stops_within(pid: u32, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if all_threads_stopped(pid) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut seen = 0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // a thread that just ended
+        };
+        // After the name (which may hold spaces and parentheses): the state letter.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if state != Some('T') {
+            return false;
+        }
+        seen += 1;
+    }
+    seen > 0
 }
 
 impl Default for LibkrunBackend {

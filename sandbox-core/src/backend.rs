@@ -194,6 +194,24 @@ impl ChildProcess {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Sends `signal` to the process while it is alive; `Ok(false)` when it is gone (or being
+    /// killed). Its id cannot name another process meanwhile: only this handle reaps it, and
+    /// the slot stays locked from the liveness check to the signal.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> std::io::Result<bool> {
+        let mut slot = self.slot();
+        let Some(child) = slot.as_mut() else {
+            return Ok(false);
+        };
+        if child.try_wait()?.is_some() {
+            return Ok(false);
+        }
+        let Some(pid) = child.id() else {
+            return Ok(false);
+        };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        Ok(true)
+    }
 }
 
 #[async_trait]

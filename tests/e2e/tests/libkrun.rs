@@ -327,16 +327,7 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     // `kill -9` of the adapter: its VM runners die with it (PR_SET_PDEATHSIG), no VM lives on.
     let mut stack = stack;
     let orphan = create(&stack, "python", json!({})).await;
-    let recorded = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(&orphan)
-        .join("process");
-    let runner: u32 = std::fs::read_to_string(&recorded)
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no runner pid recorded in {}", recorded.display()));
+    let runner = recorded_runner(&stack, &orphan);
     // A zombie (dead, not yet reaped by whoever inherited it) counts as gone.
     let runner_alive = || {
         std::fs::read_to_string(format!("/proc/{runner}/stat"))
@@ -432,6 +423,160 @@ async fn the_warm_pool_and_streamed_exec_serve_microvms() {
     let expected: String = (0..10).map(|i| format!("line{i}\n")).collect();
     assert_eq!(String::from_utf8_lossy(&streamed), expected);
     stop(&stack, &id, true).await;
+}
+
+/// `pause` on a microVM stops its runner where it stands (every vCPU and device thread
+/// stopped, as the host's /proc sees them): no CPU while paused, and the guest's program
+/// continues after `resume`. An `exec` on a paused microVM resumes it first; `stop` ends a
+/// paused one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_microvm_uses_no_cpu_and_continues() {
+    let test = "a_paused_microvm_uses_no_cpu_and_continues";
+    let stack = libkrun_stack(json!({})).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let id = create(&stack, "python", json!({"idle_timeout_secs": 600})).await;
+    let runner = recorded_runner(&stack, &id);
+    let counter = stdout(&exec_ok(&stack, &id, sh(GUEST_COUNTER)).await)
+        .trim()
+        .to_string();
+    let guest_count = || async {
+        let out = exec_ok(&stack, &id, sh("cat /tmp/count 2>/dev/null || echo 0")).await;
+        stdout(&out).trim().parse::<u64>().unwrap_or(0)
+    };
+    assert!(
+        eventually(LAB_SETTLE, || async { guest_count().await > 0 }).await,
+        "the guest's counter never counted"
+    );
+
+    let answer = stack
+        .call("pause", json!({"sandbox_id": id}))
+        .await
+        .unwrap_or_else(|e| panic!("pause: {e:?}\n{}", stack.adapter.log()));
+    assert_eq!(answer, json!({"sandbox_id": id, "paused": true}));
+    let states = thread_states(runner);
+    assert!(
+        !states.is_empty() && states.iter().all(|s| *s == 'T'),
+        "every thread of the paused VM runner {runner} is stopped: {states:?}"
+    );
+    let list = stack.call("list", json!({})).await.expect("list");
+    let listed = |list: &Value| {
+        list["sandboxes"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["sandbox_id"] == id))
+            .map(|s| s["paused"].clone())
+    };
+    assert_eq!(listed(&list), Some(json!(true)), "{list}");
+    let paused_at = cpu_ticks(runner);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let paused_after = cpu_ticks(runner);
+    assert!(
+        paused_after <= paused_at + 1,
+        "a paused microVM uses no CPU: {paused_at} -> {paused_after} ticks in 5 s"
+    );
+
+    let resumed = stack
+        .call("resume", json!({"sandbox_id": id}))
+        .await
+        .expect("resume");
+    assert_eq!(resumed, json!({"sandbox_id": id, "paused": false}));
+    let at_resume = guest_count().await;
+    let alive = exec_ok(&stack, &id, sh(&format!("kill -0 {counter} && echo alive"))).await;
+    assert_eq!(
+        stdout(&alive).trim(),
+        "alive",
+        "the guest's program lives on"
+    );
+    assert!(
+        eventually(LAB_SETTLE, || async { guest_count().await > at_resume }).await,
+        "the guest's counter continues after resume"
+    );
+    assert!(
+        cpu_ticks(runner) > paused_after,
+        "the resumed VM runs again"
+    );
+
+    // An exec on a paused microVM resumes it, then runs.
+    stack
+        .call("pause", json!({"sandbox_id": id}))
+        .await
+        .expect("pause again");
+    let awake = exec_ok(&stack, &id, sh("echo awake")).await;
+    assert_eq!(stdout(&awake).trim(), "awake");
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(listed(&list), Some(json!(false)), "{list}");
+
+    // stop ends a paused microVM and its runner.
+    stack
+        .call("pause", json!({"sandbox_id": id}))
+        .await
+        .expect("pause before stop");
+    let stopped = stop(&stack, &id, true).await;
+    assert_eq!(stopped["stopped"], true, "{stopped}");
+    let gone = eventually(LAB_SETTLE, || async { thread_states(runner).is_empty() }).await;
+    assert!(gone, "the paused VM runner {runner} outlived stop");
+}
+
+/// A guest program that counts as fast as it can, publishing its count now and then.
+const GUEST_COUNTER: &str = "python3 -c 'import os
+i = 0
+while True:
+    i += 1
+    if i % 2000 == 0:
+        with open(\"/tmp/count.tmp\", \"w\") as f:
+            f.write(str(i))
+        os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
+' </dev/null >/dev/null 2>&1 &
+echo $!";
+
+/// The VM runner the adapter recorded for sandbox `id`.
+fn recorded_runner(stack: &Stack, id: &str) -> u32 {
+    let recorded = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id)
+        .join("process");
+    std::fs::read_to_string(&recorded)
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no runner pid recorded in {}", recorded.display()))
+}
+
+/// The state letter of each live thread of `pid` (empty once it is gone or a zombie).
+fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        })
+        .filter(|state| *state != 'Z')
+        .collect()
+}
+
+/// User and system CPU ticks of `pid`, all its threads together.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(0) ... utime(11) stime(12).
+    let field = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
 }
 
 #[tokio::test(flavor = "multi_thread")]
