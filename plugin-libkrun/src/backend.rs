@@ -12,6 +12,7 @@ use bounded_log::Start;
 use egress::network::{resolv_conf, Boundary, HostTools, NetworkSetup};
 use nix::sys::signal::Signal;
 use sandbox_core::ops::worker::VmTuning;
+use sandbox_core::proc_counters;
 use sandbox_core::{
     Backend, BootSpec, Booted, ChildProcess, HostUnfit, SandboxError, SandboxProcess,
 };
@@ -257,6 +258,28 @@ impl SandboxProcess for VmProcess {
 
     fn is_alive(&self) -> bool {
         self.runner.is_alive()
+    }
+
+    /// The VM as the host pays for it: the runner's CPU time (every vCPU and device thread)
+    /// and resident memory (the guest's RAM it has touched, its own besides), and the bytes
+    /// on its network namespace's link to pasta, which carries every guest socket (TSI). The
+    /// guest's processes and its layer (in the runner's own mount namespace, or a worker's
+    /// image) are out of the host's sight: `pids` and `disk_bytes` stay null.
+    fn counters(&self) -> sandbox_core::Counters {
+        let Some(pid) = self.runner.pid().filter(|_| self.runner.is_alive()) else {
+            return sandbox_core::Counters::default();
+        };
+        let (memory_bytes, memory_peak_bytes) = proc_counters::resident_bytes(pid).unzip();
+        let (net_rx_bytes, net_tx_bytes) = proc_counters::net_bytes(pid).unzip();
+        sandbox_core::Counters {
+            cpu_ms: proc_counters::cpu_ms(pid),
+            memory_bytes,
+            memory_peak_bytes,
+            disk_bytes: None,
+            pids: None,
+            net_rx_bytes,
+            net_tx_bytes,
+        }
     }
 
     async fn kill(&self) {

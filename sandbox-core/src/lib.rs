@@ -36,6 +36,7 @@ mod layer;
 pub use egress::policy as network;
 pub mod ops;
 pub mod plugin;
+pub mod proc_counters;
 mod reaper;
 mod registry;
 pub mod remove_tree;

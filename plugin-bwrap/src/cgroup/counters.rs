@@ -17,10 +17,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use sandbox_core::Counters;
-
-/// Clock ticks a second of `/proc/<pid>/stat`'s times (USER_HZ, 100 on Linux).
-const TICKS_PER_SECOND: u64 = 100;
+use sandbox_core::{proc_counters, Counters};
 
 pub fn read(dirs: &[PathBuf], launcher: Option<u32>) -> Counters {
     let with = |file: &str| dirs.iter().map(|d| d.join(file)).find(|f| f.is_file());
@@ -41,7 +38,7 @@ pub fn read(dirs: &[PathBuf], launcher: Option<u32>) -> Counters {
     let cpu_ms = stat("cpu.stat", "usage_usec")
         .map(|us| us / 1000)
         .or_else(|| procs_cpu_ms(dirs.first()?));
-    let (net_rx_bytes, net_tx_bytes) = launcher.and_then(net_bytes).unzip();
+    let (net_rx_bytes, net_tx_bytes) = launcher.and_then(proc_counters::net_bytes).unzip();
     Counters {
         cpu_ms,
         memory_bytes,
@@ -61,65 +58,20 @@ fn stat_value(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// User and system time (with reaped children's) of the processes `group` lists.
 fn procs_cpu_ms(group: &Path) -> Option<u64> {
     let procs = fs::read_to_string(group.join("cgroup.procs")).ok()?;
-    let ticks: u64 = procs
-        .lines()
-        .filter_map(|pid| {
-            let stat = fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
-            let fields: Vec<u64> = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .skip(11)
-                .take(4)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .sum();
-    Some(ticks * 1000 / TICKS_PER_SECOND)
-}
-
-/// Received and sent bytes on the interfaces (loopback aside) of the launcher's network
-/// namespace; `(0, 0)` while it shares the adapter's (the sandbox has no network: bwrap
-/// made it a loopback-only namespace of its own).
-fn net_bytes(launcher: u32) -> Option<(u64, u64)> {
-    let theirs = fs::read_link(format!("/proc/{launcher}/ns/net")).ok()?;
-    let ours = fs::read_link("/proc/self/ns/net").ok()?;
-    if theirs == ours {
-        return Some((0, 0));
-    }
-    let dev = fs::read_to_string(format!("/proc/{launcher}/net/dev")).ok()?;
-    Some(sum_net_dev(&dev))
-}
-
-fn sum_net_dev(dev: &str) -> (u64, u64) {
-    dev.lines()
-        .filter_map(|line| line.split_once(':'))
-        .filter(|(name, _)| name.trim() != "lo")
-        .filter_map(|(_, counters)| {
-            let fields: Vec<u64> = counters
-                .split_whitespace()
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some((*fields.first()?, *fields.get(8)?))
-        })
-        .fold((0, 0), |(rx, tx), (r, t)| (rx + r, tx + t))
+    Some(
+        procs
+            .lines()
+            .filter_map(|pid| proc_counters::cpu_ms(pid.trim().parse().ok()?))
+            .sum(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn net_dev_sums_every_interface_but_loopback() {
-        let dev = "Inter-|   Receive                                                |  Transmit\n \
-face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
-lo:  500 5 0 0 0 0 0 0  500 5 0 0 0 0 0 0\n  \
-eth0: 1000 10 0 0 0 0 0 0  2000 20 0 0 0 0 0 0\n";
-        assert_eq!(sum_net_dev(dev), (1000, 2000));
-    }
 
     #[test]
     fn v1_and_v2_counter_files_are_read() {

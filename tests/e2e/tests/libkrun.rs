@@ -469,11 +469,41 @@ async fn a_paused_microvm_uses_no_cpu_and_continues() {
     };
     assert_eq!(listed(&list), Some(json!(true)), "{list}");
     let paused_at = cpu_ticks(runner);
+    let metrics_at = metrics(&stack, &id).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let paused_after = cpu_ticks(runner);
     assert!(
         paused_after <= paused_at + 1,
         "a paused microVM uses no CPU: {paused_at} -> {paused_after} ticks in 5 s"
+    );
+    // metrics answers without resuming it: the runner's CPU time and resident memory; the
+    // guest's processes and layer are out of the host's sight.
+    let metrics_after = metrics(&stack, &id).await;
+    println!("metrics of a paused microVM: {metrics_at} then {metrics_after}");
+    let number = |m: &Value, key: &str| {
+        m[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} is a number: {m}"))
+    };
+    assert!(number(&metrics_at, "cpu_ms") > 0, "{metrics_at}");
+    assert!(
+        number(&metrics_after, "cpu_ms") <= number(&metrics_at, "cpu_ms") + 10,
+        "cpu_ms stands still while paused: {metrics_at} then {metrics_after}"
+    );
+    assert!(
+        number(&metrics_at, "memory_bytes") > 16 << 20,
+        "the VM's resident memory: {metrics_at}"
+    );
+    assert!(number(&metrics_at, "memory_peak_bytes") >= number(&metrics_at, "memory_bytes"));
+    assert!(metrics_at["pids"].is_null() && metrics_at["disk_bytes"].is_null());
+    assert_eq!(
+        number(&metrics_at, "net_rx_bytes"),
+        0,
+        "no network: {metrics_at}"
+    );
+    assert_eq!(
+        listed(&stack.call("list", json!({})).await.expect("list")),
+        Some(json!(true))
     );
 
     let resumed = stack
@@ -529,6 +559,13 @@ while True:
         os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
 ' </dev/null >/dev/null 2>&1 &
 echo $!";
+
+async fn metrics(stack: &Stack, id: &str) -> Value {
+    stack
+        .call("metrics", json!({"sandbox_id": id}))
+        .await
+        .unwrap_or_else(|e| panic!("metrics: {e:?}"))
+}
 
 /// The VM runner the adapter recorded for sandbox `id`.
 fn recorded_runner(stack: &Stack, id: &str) -> u32 {
