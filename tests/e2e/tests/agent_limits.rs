@@ -12,36 +12,14 @@ use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
 use sandbox_support::{
-    create, eventually, exec, exec_ok, expect_err, fs, fs_ok, listed_serving, live_ids, sh,
-    status_kib, stdout, stop,
+    agent_pid, create, eventually, exec, exec_ok, expect_err, fs, fs_ok, listed_serving, live_ids,
+    sh, status_kib, stdout, stop,
 };
 use serde_json::{json, Value};
 
 /// How long a test waits for a call that must end (far past any agent deadline would be a
 /// hang: the test client's own timeout is two minutes).
 const ENDS_WITHIN: Duration = Duration::from_secs(90);
-
-/// The agent of sandbox `id`: the process named after the agent's path under the sandbox
-/// process (bwrap) its layer records.
-fn agent_pid(stack: &Stack, id: &str) -> u32 {
-    let recorded = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id)
-        .join("process");
-    let text = std::fs::read_to_string(&recorded).expect("the layer records its process");
-    let bwrap: u32 = text
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a pid");
-    sandbox_support::descendants(bwrap)
-        .into_iter()
-        .find(|p| p.comm == ".iii-agent")
-        .unwrap_or_else(|| panic!("no agent under bwrap {bwrap}"))
-        .pid
-}
 
 /// The agent's threads right now.
 fn threads(pid: u32) -> usize {

@@ -18,6 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
+use sandbox_support::veth::VethHost;
 use sandbox_support::{create, exec};
 use serde_json::json;
 use worker_support::{compose_options, wait_log, worker_ok};
@@ -31,34 +32,21 @@ const PUBLIC_PORT: u16 = 9999;
 
 /// A namespace at [`PUBLIC`] with a UDP receiver on [`PUBLIC_PORT`] that prints what it gets.
 struct PublicHost {
-    ns: String,
     receiver: Child,
+    // Dropped after the receiver is stopped.
+    _ns: VethHost,
 }
 
 impl PublicHost {
     fn start() -> PublicHost {
-        let ns = format!("iiib{}", std::process::id() % 100_000);
-        let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
-        let ip = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().expect("run ip");
-            assert!(status.success(), "ip {args:?}");
-        };
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-        ]);
-        ip(&["link", "set", &ns_if, "netns", &ns]);
-        ip(&["addr", "add", PUBLIC_HOST, "dev", &host_if]);
-        ip(&["-n", &ns, "addr", "add", PUBLIC_CIDR, "dev", &ns_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&["-n", &ns, "link", "set", &ns_if, "up"]);
-        ip(&["-n", &ns, "route", "add", "default", "dev", &ns_if]);
-        let receiver = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-u", "-c"])
+        let ns = VethHost::new(
+            format!("iiib{}", std::process::id() % 100_000),
+            &[(PUBLIC_HOST, PUBLIC_CIDR)],
+        );
+        ns.inside(&["route", "add", "default", "dev", &ns.ns_if]);
+        let receiver = ns
+            .command("python3")
+            .args(["-u", "-c"])
             .arg(
                 "import socket,sys\n\
                  s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
@@ -70,7 +58,7 @@ impl PublicHost {
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the receiver");
-        PublicHost { ns, receiver }
+        PublicHost { receiver, _ns: ns }
     }
 
     /// Every line the receiver printed so far ("ready" first), after it is stopped.
@@ -88,22 +76,6 @@ impl Drop for PublicHost {
     fn drop(&mut self) {
         let _ = self.receiver.kill();
         let _ = self.receiver.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        // The kernel takes the namespace's veth down after `ip netns del` returns: the next
-        // test's link of the same name and address waits for it.
-        let host_if = format!("{}h", self.ns);
-        for _ in 0..100 {
-            let gone = Command::new("ip")
-                .args(["link", "show", &host_if])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| !s.success());
-            if gone {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 }
 

@@ -12,7 +12,9 @@ mod sandbox_support;
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
-use sandbox_support::{create, exec, exec_ok, expect_err, listed_serving, sh, stdout, stop};
+use sandbox_support::{
+    agent_pid, create, exec, exec_ok, expect_err, listed_serving, sh, stdout, stop,
+};
 use serde_json::json;
 
 /// The limits the bwrap backend can enforce on this host (`cpus`, `memory`, `pids`).
@@ -215,28 +217,6 @@ async fn a_memory_bomb_dies_and_the_sandbox_keeps_serving() {
     let (serving, list) = listed_serving(&stack, &id).await;
     assert!(serving, "{list}");
     stop(&stack, &id, true).await;
-}
-
-/// The agent of sandbox `id`: the process named after the agent's path under the sandbox
-/// process (bwrap) its layer records.
-fn agent_pid(stack: &Stack, id: &str) -> u32 {
-    let recorded = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id)
-        .join("process");
-    let text = std::fs::read_to_string(&recorded).expect("the layer records its process");
-    let bwrap: u32 = text
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a pid");
-    sandbox_support::descendants(bwrap)
-        .into_iter()
-        .find(|p| p.comm == ".iii-agent")
-        .unwrap_or_else(|| panic!("no agent under bwrap {bwrap}"))
-        .pid
 }
 
 #[tokio::test(flavor = "multi_thread")]

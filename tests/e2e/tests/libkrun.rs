@@ -20,8 +20,8 @@ use sandbox_support::disk_fill::{filler, free_bytes, number};
 use sandbox_support::streams::{channel, Line, LineReader};
 use sandbox_support::{
     assert_all_blocked, assert_only_entries, assert_plants_out_of_reach, create, descendants,
-    eventually, exec, exec_ok, expect_err, find_named, live_ids, sh, stdout, stop,
-    timeout_kills_the_grandchild, Canary,
+    eventually, exec, exec_ok, expect_err, find_named, live_ids, recorded_process, sh, stdout,
+    stop, timeout_kills_the_grandchild, Canary, BUSY_COUNTER,
 };
 use serde_json::{json, Value};
 use worker_support::{wait_log, worker_ok, worker_vm_rounds};
@@ -327,7 +327,7 @@ async fn microvm_sandboxes_run_create_exec_stop_list() {
     // `kill -9` of the adapter: its VM runners die with it (PR_SET_PDEATHSIG), no VM lives on.
     let mut stack = stack;
     let orphan = create(&stack, "python", json!({})).await;
-    let runner = recorded_runner(&stack, &orphan);
+    let runner = recorded_process(&stack, &orphan);
     // A zombie (dead, not yet reaped by whoever inherited it) counts as gone.
     let runner_alive = || {
         std::fs::read_to_string(format!("/proc/{runner}/stat"))
@@ -437,8 +437,8 @@ async fn a_paused_microvm_uses_no_cpu_and_continues() {
         return;
     }
     let id = create(&stack, "python", json!({"idle_timeout_secs": 600})).await;
-    let runner = recorded_runner(&stack, &id);
-    let counter = stdout(&exec_ok(&stack, &id, sh(GUEST_COUNTER)).await)
+    let runner = recorded_process(&stack, &id);
+    let counter = stdout(&exec_ok(&stack, &id, sh(BUSY_COUNTER)).await)
         .trim()
         .to_string();
     let guest_count = || async {
@@ -548,37 +548,11 @@ async fn a_paused_microvm_uses_no_cpu_and_continues() {
     assert!(gone, "the paused VM runner {runner} outlived stop");
 }
 
-/// A guest program that counts as fast as it can, publishing its count now and then.
-const GUEST_COUNTER: &str = "python3 -c 'import os
-i = 0
-while True:
-    i += 1
-    if i % 2000 == 0:
-        with open(\"/tmp/count.tmp\", \"w\") as f:
-            f.write(str(i))
-        os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
-' </dev/null >/dev/null 2>&1 &
-echo $!";
-
 async fn metrics(stack: &Stack, id: &str) -> Value {
     stack
         .call("metrics", json!({"sandbox_id": id}))
         .await
         .unwrap_or_else(|e| panic!("metrics: {e:?}"))
-}
-
-/// The VM runner the adapter recorded for sandbox `id`.
-fn recorded_runner(stack: &Stack, id: &str) -> u32 {
-    let recorded = stack
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id)
-        .join("process");
-    std::fs::read_to_string(&recorded)
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no runner pid recorded in {}", recorded.display()))
 }
 
 /// The state letter of each live thread of `pid` (empty once it is gone or a zombie).

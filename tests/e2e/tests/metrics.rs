@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, Stack};
+use sandbox_support::veth::VethHost;
 use sandbox_support::{create, eventually, exec_ok, expect_err, sh, stdout, stop};
 use serde_json::{json, Value};
 
@@ -21,42 +22,20 @@ const SERVER: &str = "198.51.100.10";
 /// each connection (one that closes early, as the readiness probe does, is skipped);
 /// removed when dropped.
 struct DownloadHost {
-    ns: String,
     server: Child,
+    // Dropped after the server is stopped.
+    _ns: VethHost,
 }
 
 impl DownloadHost {
     fn start() -> DownloadHost {
-        let ns = format!("iiim{}", std::process::id() % 100_000);
-        let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
-        let ip = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().expect("run ip");
-            assert!(status.success(), "ip {args:?}");
-        };
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-        ]);
-        ip(&["link", "set", &ns_if, "netns", &ns]);
-        ip(&["addr", "add", "198.51.100.1/24", "dev", &host_if]);
-        ip(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{SERVER}/24"),
-            "dev",
-            &ns_if,
-        ]);
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&["-n", &ns, "link", "set", &ns_if, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c"])
+        let ns = VethHost::new(
+            format!("iiim{}", std::process::id() % 100_000),
+            &[("198.51.100.1/24", &format!("{SERVER}/24"))],
+        );
+        let server = ns
+            .command("python3")
+            .arg("-c")
             .arg(
                 "import socket,sys\n\
                  s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
@@ -76,7 +55,7 @@ impl DownloadHost {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        DownloadHost { ns, server }
+        DownloadHost { server, _ns: ns }
     }
 }
 
@@ -84,7 +63,6 @@ impl Drop for DownloadHost {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 

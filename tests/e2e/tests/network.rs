@@ -23,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
+use sandbox_support::veth::VethHost;
 use sandbox_support::{create, exec_ok, expect_err, stdout};
 use serde_json::{json, Value};
 use worker_support::{compose_options, wait_log, worker_ok};
@@ -39,9 +40,9 @@ const METADATA: &str = "169.254.169.254:80";
 /// A network namespace with a veth to the host and a TCP server on `PORT` that greets with
 /// `banner`; removed when dropped.
 struct TestHost {
-    ns: String,
-    ns_if: String,
     server: Child,
+    // Dropped after the server is stopped.
+    veth: VethHost,
 }
 
 impl TestHost {
@@ -49,31 +50,10 @@ impl TestHost {
     fn start(tag: &str, pairs: &[(&str, &str)], banner: &str) -> TestHost {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let ns = format!("iii{tag}{}{n}", std::process::id() % 10_000);
-        let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
-        let ip = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().expect("run ip");
-            assert!(status.success(), "ip {args:?}");
-        };
-        // A namespace of that name left by a killed run.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-        ]);
-        ip(&["link", "set", &ns_if, "netns", &ns]);
-        for (host, inside) in pairs {
-            ip(&["addr", "add", host, "dev", &host_if]);
-            ip(&["-n", &ns, "addr", "add", inside, "dev", &ns_if]);
-        }
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&["-n", &ns, "link", "set", &ns_if, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c"])
+        let veth = VethHost::new(format!("iii{tag}{}{n}", std::process::id() % 10_000), pairs);
+        let server = veth
+            .command("python3")
+            .arg("-c")
             .arg(
                 "import socket,sys\n\
                  s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
@@ -84,7 +64,7 @@ impl TestHost {
             .stdout(Stdio::null())
             .spawn()
             .expect("start the test server");
-        let mut host = TestHost { ns, ns_if, server };
+        let mut host = TestHost { server, veth };
         // The fixture itself works from the host: a refusal later is the policy's.
         for (_, inside) in pairs {
             let address = inside.split('/').next().unwrap();
@@ -95,11 +75,8 @@ impl TestHost {
 
     /// Another address of the namespace's side (same subnet as the first), served too.
     fn add_address(&mut self, cidr: &str, banner: &str) {
-        let status = Command::new("ip")
-            .args(["-n", &self.ns, "addr", "add", cidr, "dev", &self.ns_if])
-            .status()
-            .expect("run ip");
-        assert!(status.success(), "ip addr add {cidr}");
+        self.veth
+            .inside(&["addr", "add", cidr, "dev", &self.veth.ns_if]);
         self.wait_served(cidr.split('/').next().unwrap(), banner);
     }
 
@@ -132,7 +109,6 @@ impl Drop for TestHost {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 

@@ -16,21 +16,9 @@ use std::time::Duration;
 use e2e_tests::{adapter_user, bwrap_usable, s_code, Stack};
 use sandbox_support::{
     cgroup_name, cgroups_named, create, eventually, exec, exec_ok, expect_err, live_ids, sh,
-    stdout, stop,
+    stdout, stop, BUSY_COUNTER,
 };
 use serde_json::{json, Value};
-
-/// A program that counts as fast as it can, publishing its count every 20000 steps.
-const COUNTER: &str = "python3 -c 'import os
-i = 0
-while True:
-    i += 1
-    if i % 20000 == 0:
-        with open(\"/tmp/count.tmp\", \"w\") as f:
-            f.write(str(i))
-        os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
-' </dev/null >/dev/null 2>&1 &
-echo $!";
 
 /// CPU time (clock ticks, user + system) of every process in the sandbox's cgroup, as the
 /// host's /proc counts it; and how many processes there were.
@@ -107,7 +95,7 @@ async fn a_paused_sandbox_uses_no_cpu_and_continues_where_it_stood() {
     let stack = Stack::bwrap().await;
     let id = create(&stack, "python", json!({"idle_timeout_secs": 600})).await;
     let group = cgroup_name(&stack, &id);
-    let counter_pid = stdout(&exec_ok(&stack, &id, sh(COUNTER)).await)
+    let counter_pid = stdout(&exec_ok(&stack, &id, sh(BUSY_COUNTER)).await)
         .trim()
         .to_string();
     // It runs: its count grows, and so does the sandbox's CPU time.
@@ -233,7 +221,7 @@ async fn an_exec_or_fs_call_resumes_a_paused_sandbox_and_max_paused_secs_stops_o
     let stack = Stack::start(json!({"max_paused_secs": 3}), Default::default()).await;
     let id = create(&stack, "python", json!({"idle_timeout_secs": 600})).await;
     let group = cgroup_name(&stack, &id);
-    exec_ok(&stack, &id, sh(COUNTER)).await;
+    exec_ok(&stack, &id, sh(BUSY_COUNTER)).await;
     if pause_or_explain(&stack, &id, test).await.is_none() {
         stop(&stack, &id, true).await;
         return;

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 pub mod disk_fill;
 pub mod streams;
+pub mod veth;
 
 /// Creates a sandbox of `image` with the extra create fields of `extra`; panics with the
 /// adapter's log when it fails (creating is not what these tests are about).
@@ -507,3 +508,41 @@ pub fn assert_plants_out_of_reach(state_dir: &Path, adapter_pid: u32) -> usize {
     std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(mode)).unwrap();
     plants.len()
 }
+
+/// The host process the adapter recorded for sandbox `id`: bwrap, or the VM runner.
+pub fn recorded_process(stack: &Stack, id: &str) -> u32 {
+    let recorded = stack
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id)
+        .join("process");
+    std::fs::read_to_string(&recorded)
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no process recorded in {}", recorded.display()))
+}
+
+/// The agent of bwrap sandbox `id`: the process named after the agent's path under the
+/// sandbox process its layer records.
+pub fn agent_pid(stack: &Stack, id: &str) -> u32 {
+    let bwrap = recorded_process(stack, id);
+    descendants(bwrap)
+        .into_iter()
+        .find(|p| p.comm == ".iii-agent")
+        .unwrap_or_else(|| panic!("no agent under bwrap {bwrap}"))
+        .pid
+}
+
+/// A program that counts as fast as it can, publishing its count in `/tmp/count` every
+/// 20000 steps; prints its pid.
+pub const BUSY_COUNTER: &str = "python3 -c 'import os
+i = 0
+while True:
+    i += 1
+    if i % 20000 == 0:
+        with open(\"/tmp/count.tmp\", \"w\") as f:
+            f.write(str(i))
+        os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
+' </dev/null >/dev/null 2>&1 &
+echo $!";

@@ -1,0 +1,87 @@
+//! A network namespace of the test's own, joined to the host by a veth pair: a host "out
+//! there" at addresses the test picks, for the egress tests. Removed when dropped, after the
+//! program the test serves in it (kept by the caller, dropped first).
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+pub struct VethHost {
+    /// The namespace's name; its veth ends are `<ns>h` (host) and `<ns>n` (inside).
+    pub ns: String,
+    pub ns_if: String,
+    host_if: String,
+}
+
+impl VethHost {
+    /// A namespace `ns` (at most 13 characters: interface names are 15 at most) with each of
+    /// `pairs` (host side, namespace side, both with their prefix length) on the veth, both
+    /// ends and the namespace's loopback up. A namespace of that name a killed run left is
+    /// removed first.
+    pub fn new(ns: String, pairs: &[(&str, &str)]) -> VethHost {
+        let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        ip(&["netns", "add", &ns]);
+        let host = VethHost { ns, ns_if, host_if };
+        ip(&[
+            "link",
+            "add",
+            &host.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &host.ns_if,
+        ]);
+        ip(&["link", "set", &host.ns_if, "netns", &host.ns]);
+        for (outside, inside) in pairs {
+            ip(&["addr", "add", outside, "dev", &host.host_if]);
+            host.inside(&["addr", "add", inside, "dev", &host.ns_if]);
+        }
+        ip(&["link", "set", &host.host_if, "up"]);
+        host.inside(&["link", "set", &host.ns_if, "up"]);
+        host.inside(&["link", "set", "lo", "up"]);
+        host
+    }
+
+    /// `ip -n <ns> ARGS`, which must succeed.
+    pub fn inside(&self, args: &[&str]) {
+        let mut all = vec!["-n", &self.ns];
+        all.extend_from_slice(args);
+        ip(&all);
+    }
+
+    /// A command run in the namespace (`ip netns exec <ns> PROGRAM`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.ns, program]);
+        command
+    }
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("run ip");
+    assert!(status.success(), "ip {args:?}");
+}
+
+impl Drop for VethHost {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        // The kernel takes the namespace's veth down after `ip netns del` returns: the next
+        // test's link of the same name and address waits for it.
+        for _ in 0..100 {
+            let gone = Command::new("ip")
+                .args(["link", "show", &self.host_if])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| !s.success());
+            if gone {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
