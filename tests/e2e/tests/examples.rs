@@ -85,14 +85,7 @@ async fn python_example_prints_what_its_readme_says(test: &str, program: &str) {
         .output()
         .await
         .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{program} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        stack.adapter.log()
-    );
+    let stdout = succeeded(program, &out, &stack);
     assert_eq!(stdout, expected, "{program}'s output is not its README's");
     let list = stack.call("list", serde_json::json!({})).await.unwrap();
     assert_eq!(
@@ -182,14 +175,7 @@ async fn node_code_interpreter_prints_what_its_readme_says() {
         .output()
         .await
         .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        stack.adapter.log()
-    );
+    let stdout = succeeded("the example", &out, &stack);
     // The npm SDK prints its own status lines on stdout (`[iii] Worker registered with ID:
     // <uuid>`, `[OTel] ...`); its README says so, and they are not the example's output.
     let own: String = stdout
@@ -254,13 +240,20 @@ async fn compose_project_runs_its_worker_vm_as_its_readme_says() {
         .output()
         .await
         .expect("bash runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = succeeded("the example", &out, &stack);
+    assert_eq!(stdout, expected, "the example's output is not its README's");
+}
+
+/// The stdout of an example `what` that must have succeeded; else fails with everything it and
+/// the adapter said.
+fn succeeded(what: &str, out: &std::process::Output, stack: &Stack) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the example failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
+        "{what} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nadapter log:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
         stack.adapter.log()
     );
-    assert_eq!(stdout, expected, "the example's output is not its README's");
+    stdout
 }
