@@ -4,6 +4,7 @@
 #
 # This machine reaches no public image registry, so a local registry on 127.0.0.1 serves a
 # python image the project builds itself, and the configuration mirrors docker.io to it.
+# On a host with hardware KVM it installs libkrunfw and runs the sandbox as a libkrun microVM.
 # Where libkrun cannot boot (no hardware KVM), the bubblewrap plugin stands in for it under
 # the same function ids, and the script says so.
 set -euo pipefail
@@ -19,6 +20,11 @@ cleanup() {
 trap cleanup EXIT
 
 SKIP_VM_LAB=${SKIP_VM_LAB:-1} bash "$root/scripts/install-deps.sh"
+# Where KVM is hardware virtualisation (kvm_intel or kvm_amd), the product itself can run: it
+# needs libkrunfw, the guest kernel libkrun boots (not in bookworm; from sid).
+if [ -c /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
+  bash "$root/scripts/install-libkrunfw.sh"
+fi
 # A debug build: quick to make, and scripts/test.sh reuses it.
 dist=$(bash "$root/scripts/build.sh" --debug "$work/dist")
 

@@ -3,8 +3,7 @@
 #   - qemu-system-x86 + qemu-utils from bookworm-backports, together (bookworm's QEMU would
 #     remove a backports qemu-utils already on the machine)
 #   - kmod cpio busybox-static from bookworm (initramfs building)
-#   - libkrunfw5 from sid (the only suite that has it; no dependencies): the sid source is
-#     used for that one download only, through a private apt list, then dropped
+#   - libkrunfw5 from sid (scripts/install-libkrunfw.sh)
 # Idempotent and fast when everything is present.
 set -euo pipefail
 
@@ -49,25 +48,6 @@ if [ -z "$qemu_ok" ]; then
     qemu-system-x86 qemu-utils >/dev/null 2>&1
 fi
 
-if ! have libkrunfw5; then
-  log "fetching libkrunfw5 from sid (private source list, dropped afterwards)"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  mkdir -p "$tmp/lists/partial"
-  cat > "$tmp/sid.sources" <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  sid_opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$tmp/parts"
-            -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
-            -o "APT::Sandbox::User=root")
-  mkdir -p "$tmp/parts" && mv "$tmp/sid.sources" "$tmp/parts/"
-  apt-get "${sid_opts[@]}" update -qq
-  (cd "$tmp" && apt-get "${sid_opts[@]}" download libkrunfw5 >/dev/null)
-  dpkg -i "$tmp"/libkrunfw5_*.deb >/dev/null
-fi
+bash "$(dirname "$0")/../../scripts/install-libkrunfw.sh"
 
 log "ready: $(dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 qemu-utils libkrunfw5 busybox-static | tr '\n' ' ')"
