@@ -19,7 +19,7 @@
 //! One concern a module: [`message`] reads the sandbox's queries and writes the answers it
 //! gets, [`upstream`] asks the resolvers, [`judge`] picks the addresses an answer puts in the
 //! ruleset's sets, and [`sets`] puts them there with `nft`; this module serves the sockets
-//! within the bounds above.
+//! within the bounds below.
 
 mod judge;
 mod message;
