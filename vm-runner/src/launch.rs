@@ -40,6 +40,8 @@ pub enum LaunchError {
     OwnRoot(#[from] crate::own_root::OwnRootError),
     #[error("cannot confine the runner (capabilities, seccomp): {0}")]
     Seccomp(String),
+    #[error("cannot set the runner's limit of open files (RLIMIT_NOFILE): {0}")]
+    NoFile(nix::errno::Errno),
 }
 
 /// Checks that the inherited console descriptor is open, and marks one above stderr
@@ -220,6 +222,8 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     }
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
+    // While it may still be host root: a root runner sets its own bound, others keep theirs.
+    hold_files_for_the_guest()?;
     // pasta must run with the host's network and ids: its starter is forked before this
     // process enters any namespace of its own.
     let pasta = match &spec.egress {
@@ -329,6 +333,28 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     Ok(ctx.start_enter()?)
 }
 
+/// Descriptors the runner may hold. libkrun's virtio-fs server keeps one open for every file
+/// and directory the guest's kernel holds an inode of (until the guest forgets it), so a guest
+/// program that imports a large library (the Python iii-sdk looks up about 800 paths) passes
+/// the usual soft limit of 1024 and its opens fail with EMFILE. Bounded, soft and hard alike:
+/// each is host kernel memory, and a guest must not make its runner hold more.
+pub const RUNNER_NOFILE: u64 = 65536;
+
+/// Sets the runner's RLIMIT_NOFILE to [`RUNNER_NOFILE`], or where its hard limit is lower and
+/// it may not raise it (an ordinary user, whose bound is the host's choice, e.g. systemd's
+/// `LimitNOFILE`; a root without CAP_SYS_RESOURCE) to that hard limit; soft and hard equal,
+/// so nothing in the runner can raise it later.
+fn hold_files_for_the_guest() -> Result<(), LaunchError> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(LaunchError::NoFile)?;
+    match setrlimit(Resource::RLIMIT_NOFILE, RUNNER_NOFILE, RUNNER_NOFILE) {
+        Err(nix::errno::Errno::EPERM) if hard < RUNNER_NOFILE => {
+            setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(LaunchError::NoFile)
+        }
+        done => done.map_err(LaunchError::NoFile),
+    }
+}
+
 /// What libkrun's devices need of the runner's (own user namespace's) capabilities: its
 /// virtio-fs server makes, owns and opens files as the guest's users (switching its ids per
 /// request) and sets file capabilities; TSI binds a guest's low ports in the runner's network
@@ -373,6 +399,24 @@ mod tests {
             value.extend(extra);
         }
         VmSpec::from_json(&value.to_string()).unwrap()
+    }
+
+    #[test]
+    fn the_runner_holds_a_fixed_number_of_files() {
+        use nix::sys::resource::{getrlimit, Resource};
+        let (_, hard_before) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // Lowering this test process's limit to the runner's harms no other test.
+        hold_files_for_the_guest().unwrap();
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!(
+            soft, hard,
+            "soft and hard alike: nothing in the runner raises it"
+        );
+        // Its own bound, or a lower hard limit it was not allowed to raise.
+        assert!(
+            soft == RUNNER_NOFILE || (soft == hard_before && hard_before < RUNNER_NOFILE),
+            "{soft} (hard limit before: {hard_before})"
+        );
     }
 
     #[test]

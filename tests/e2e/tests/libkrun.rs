@@ -1084,7 +1084,28 @@ fn assert_runners_confined() {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        println!("VM runner {pid}: {threads} threads under seccomp; its root holds {top:?}");
+        // Its bound on descriptors (one per guest inode virtio-fs holds) is fixed: soft and
+        // hard alike, never past the runner's own bound.
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+        let nofile: Vec<u64> = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .map(|rest| {
+                rest.split_whitespace()
+                    .take(2)
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            nofile.len() == 2 && nofile[0] == nofile[1] && nofile[0] <= 65536,
+            "VM runner {pid}'s open-file limit is its own, fixed: {nofile:?}"
+        );
+        println!(
+            "VM runner {pid}: {threads} threads under seccomp; its root holds {top:?}; \
+             open files at most {}",
+            nofile[0]
+        );
     }
 }
 
