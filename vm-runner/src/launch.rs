@@ -222,8 +222,6 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     }
     probe::host_can_boot()?;
     firmware::preload(&probe::find_libkrunfw()?)?;
-    // While it may still be host root: a root runner sets its own bound, others keep theirs.
-    hold_files_for_the_guest()?;
     // pasta must run with the host's network and ids: its starter is forked before this
     // process enters any namespace of its own.
     let pasta = match &spec.egress {
@@ -233,6 +231,9 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
         ),
         None => None,
     };
+    // After pasta's starter (pasta keeps the bound it is given and its own flow limits), while
+    // the runner may still be host root, which may raise its hard limit.
+    hold_files_for_the_guest()?;
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
     // The overlay first, then the extra mounts inside it; all of it is seen by this process
     // (and so by libkrun's virtio-fs server) only. An ordinary user's runner needs its own

@@ -383,6 +383,12 @@ fn fds(
             None => others.push((what, 1)),
         }
     }
+    // Where the guest's first lookup falls among the runner's own descriptors is the guest's
+    // timing: its files are listed last.
+    if let Some(at) = others.iter().position(|(what, _)| what == GUEST_FILES) {
+        let guest = others.remove(at);
+        others.push(guest);
+    }
     stdio.extend(others.into_iter().map(|(what, n)| {
         match what.ends_with(OWN_PIPES) || what == GUEST_FILES {
             true => format!("x* {what}"),
@@ -401,6 +407,7 @@ fn is_guest_file(what: &str) -> bool {
     let file_or_dir = [
         "path dir ",
         "path file ",
+        "path link ",
         "r file ",
         "rw file ",
         "r dir ",
