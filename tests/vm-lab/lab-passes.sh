@@ -59,8 +59,12 @@ pass() {
     return 0
   fi
   out=$lab_state/$key.1.log
+  local started=$SECONDS
+  echo "[lab] $label: started at $(date +%T)"
   "$@" 2>&1 | tee "$out"
-  if [ "${PIPESTATUS[0]}" = 0 ]; then echo "$out" > "$lab_state/$key.passed"; return 0; fi
+  local status=${PIPESTATUS[0]}
+  echo "[lab] $label: ended (status $status) after $((SECONDS - started)) s"
+  if [ "$status" = 0 ]; then echo "$out" > "$lab_state/$key.passed"; return 0; fi
   for name in $(lab_failed_tests "$out"); do
     case $name in *round_after_round*) again=""; break ;; esac
     if lab_reset_in "$out" "$name"; then again="$again $name"; else again=""; break; fi
