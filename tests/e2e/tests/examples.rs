@@ -130,7 +130,12 @@ fn node_example() -> Result<PathBuf, String> {
         let dir =
             std::env::temp_dir().join(format!("sandbox-examples-node-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for file in ["package.json", "package-lock.json", "code_interpreter.mjs"] {
+        for file in [
+            "package.json",
+            "package-lock.json",
+            "tsconfig.json",
+            "code_interpreter.ts",
+        ] {
             std::fs::copy(repo_root().join("examples/node").join(file), dir.join(file))
                 .map_err(|e| format!("copying {file}: {e}"))?;
         }
@@ -145,6 +150,19 @@ fn node_example() -> Result<PathBuf, String> {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        // Type-checked against the SDK's own declarations and compiled (`npm run build`): a
+        // type error fails the test, it is not a reason the test did not run.
+        let built = Command::new("node_modules/.bin/tsc")
+            .args(["-p", "."])
+            .current_dir(&dir)
+            .output()
+            .expect("run the example's tsc");
+        assert!(
+            built.status.success(),
+            "the TypeScript example does not compile:\n{}{}",
+            String::from_utf8_lossy(&built.stdout),
+            String::from_utf8_lossy(&built.stderr)
+        );
         Ok(dir)
     })
     .clone()
@@ -165,11 +183,11 @@ async fn node_code_interpreter_prints_what_its_readme_says() {
     };
     let expected = expected_output(
         &repo_root().join("examples/node/README.md"),
-        "code_interpreter.mjs",
+        "code_interpreter.ts",
     );
     let stack = Stack::bwrap().await;
     let out = tokio::process::Command::new("node")
-        .arg("code_interpreter.mjs")
+        .arg("dist/code_interpreter.js")
         .current_dir(&dir)
         .env("III_URL", stack.engine.url())
         .output()
