@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use e2e_tests::{adapter_user, bwrap_usable, s_code, Stack};
 use sandbox_support::{
-    cgroup_name, cgroups_named, create, eventually, exec, exec_ok, expect_err, live_ids, sh,
-    stdout, stop, BUSY_COUNTER,
+    cgroup_name, cgroups_named, cpu_ticks, create, eventually, exec, exec_ok, expect_err, live_ids,
+    sh, stdout, stop, BUSY_COUNTER,
 };
 use serde_json::{json, Value};
 
@@ -31,22 +31,10 @@ fn sandbox_cpu_ticks(group: &str) -> (u64, usize) {
     let mut ticks = 0;
     let mut count = 0;
     for pid in procs.lines() {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, tail)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = tail.split_whitespace().collect();
-        // After the name: state(0) ... utime(11) stime(12).
-        let field = |n: usize| {
-            fields
-                .get(n)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        ticks += field(11) + field(12);
-        count += 1;
+        if let Some(own) = pid.trim().parse().ok().and_then(cpu_ticks) {
+            ticks += own;
+            count += 1;
+        }
     }
     (ticks, count)
 }

@@ -546,3 +546,19 @@ while True:
         os.replace(\"/tmp/count.tmp\", \"/tmp/count\")
 ' </dev/null >/dev/null 2>&1 &
 echo $!";
+
+/// User and system CPU ticks of `pid` (all its threads) as the host's /proc counts them;
+/// `None` once it is gone.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, tail) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = tail.split_whitespace().collect();
+    // After the name: state(0) ... utime(11) stime(12).
+    let field = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some(field(11) + field(12))
+}
