@@ -25,13 +25,6 @@
 //!
 //! [`Boundary::Gate`]: crate::network::Boundary::Gate
 
-// Handing a copy of stderr to a child is what std leaves unsafe.
-#![allow(unsafe_code)]
-
-use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::process::{Command, Stdio};
-
 use nix::sched::{setns, unshare, CloneFlags};
 
 use crate::dns::Listeners;
@@ -41,6 +34,7 @@ use crate::network::{
     NetworkSetup, DNS_PROXY_PORT, GATE_IF, GATE_V4, GATE_V6, LINK_MTU, SANDBOX_IF, SANDBOX_V4,
     SANDBOX_V6,
 };
+use crate::rtnetlink::Rtnetlink;
 
 /// Moves the caller (the bwrap launcher, root of the sandbox's user namespace, still in the
 /// host's network namespace) into a new user namespace nested in its own, mapping `ids` ids
@@ -64,21 +58,24 @@ pub fn connect_gated(
         .map_err(|e| format!("cannot fork the bus forward: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("cannot make the sandbox's gate namespace: {e}"))?;
+    // nft works while the gate links itself and pasta comes up: nothing can cross the gate
+    // before the sandbox runs, and it runs only once the whole policy is in force.
+    let rules = netns::start_loading_rules(setup)?;
     netns::loopback_up().map_err(|e| format!("cannot bring the gate's loopback up: {e}"))?;
     let v6 = std::path::Path::new("/proc/net/if_inet6").exists();
     enable_forwarding(v6)?;
     let inner = nested_namespaces(ids, CloneFlags::CLONE_NEWNET)?;
-    ip(setup, &gate_link(inner.pid(), v6), "the gate's link")?;
-    netns::load_rules(setup)?;
+    link_gate(inner.pid(), v6).map_err(|e| format!("cannot link the gate: {e}"))?;
     proxy.hand_over(dns_listeners(v6)?)?;
     netns::attach_pasta(starter, setup, log, nix::unistd::getpid())?;
     let routed_v6 = v6 && netns::has_v6_default_route();
+    rules.wait()?;
     // Into the sandbox's namespaces, for good: from here this process (bwrap next) has no
     // capability over the gate.
     enter(&inner, "user", CloneFlags::CLONE_NEWUSER)?;
     enter(&inner, "net", CloneFlags::CLONE_NEWNET)?;
     drop(inner);
-    ip(setup, &sandbox_link(routed_v6), "the sandbox's link")?;
+    link_sandbox(routed_v6).map_err(|e| format!("cannot set up the sandbox's link: {e}"))?;
     if let (Some(forwarder), Some(line)) = (forwarder, setup.bus_forward) {
         forwarder.hand_over(&forward::listeners(line.port)?)?;
     }
@@ -161,35 +158,36 @@ fn enable_forwarding(v6: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// `ip -batch` lines that make the link, its sandbox end moved into `sandbox_pid`'s network
-/// namespace, and give the gate's end its addresses.
-fn gate_link(sandbox_pid: i32, v6: bool) -> String {
-    let mut batch = format!(
-        "link add {GATE_IF} mtu {LINK_MTU} type veth peer name {SANDBOX_IF} mtu {LINK_MTU} netns {sandbox_pid}\n\
-         addr add {GATE_V4}/24 dev {GATE_IF}\n"
-    );
+/// Makes the link, its sandbox end moved into `sandbox_pid`'s network namespace, and gives the
+/// gate's end its addresses.
+fn link_gate(sandbox_pid: i32, v6: bool) -> std::io::Result<()> {
+    let mut netlink = Rtnetlink::open()?;
+    let pid = u32::try_from(sandbox_pid).map_err(std::io::Error::other)?;
+    netlink.add_veth(GATE_IF, SANDBOX_IF, LINK_MTU, pid)?;
+    netlink.add_address(GATE_IF, address(GATE_V4)?, 24)?;
     if v6 {
-        batch.push_str(&format!("addr add {GATE_V6}/64 dev {GATE_IF} nodad\n"));
+        netlink.add_address(GATE_IF, address(GATE_V6)?, 64)?;
     }
-    batch.push_str(&format!("link set {GATE_IF} up\n"));
-    batch
+    netlink.set_up(GATE_IF)
 }
 
-/// `ip -batch` lines that address the sandbox's end and route through the gate.
-fn sandbox_link(v6: bool) -> String {
-    let mut batch = format!(
-        "link set lo up\n\
-         addr add {SANDBOX_V4}/24 dev {SANDBOX_IF}\n\
-         link set {SANDBOX_IF} up\n\
-         route add default via {GATE_V4} dev {SANDBOX_IF}\n"
-    );
+/// Addresses the sandbox's end and routes through the gate (called in the sandbox's network
+/// namespace).
+fn link_sandbox(v6: bool) -> std::io::Result<()> {
+    netns::loopback_up()?;
+    let mut netlink = Rtnetlink::open()?;
+    netlink.add_address(SANDBOX_IF, address(SANDBOX_V4)?, 24)?;
+    netlink.set_up(SANDBOX_IF)?;
+    netlink.add_default_route(address(GATE_V4)?, SANDBOX_IF)?;
     if v6 {
-        batch.push_str(&format!(
-            "addr add {SANDBOX_V6}/64 dev {SANDBOX_IF} nodad\n\
-             route add default via {GATE_V6} dev {SANDBOX_IF}\n"
-        ));
+        netlink.add_address(SANDBOX_IF, address(SANDBOX_V6)?, 64)?;
+        netlink.add_default_route(address(GATE_V6)?, SANDBOX_IF)?;
     }
-    batch
+    Ok(())
+}
+
+fn address(text: &str) -> std::io::Result<std::net::IpAddr> {
+    text.parse().map_err(std::io::Error::other)
 }
 
 /// The resolver proxy's sockets, on the gate's addresses (where the gate redirects every
@@ -211,39 +209,6 @@ fn dns_listeners(v6: bool) -> Result<Listeners, String> {
             .push(std::net::TcpListener::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);
     }
     Ok(listeners)
-}
-
-/// Runs `ip -batch -` with `batch` in this process's network namespace; its output goes to the
-/// sandbox log (stderr), never to fd 1, the agent's channel.
-fn ip(setup: &NetworkSetup, batch: &str, what: &str) -> Result<(), String> {
-    let log = || {
-        nix::unistd::dup(2)
-            // SAFETY: dup returned a new descriptor that nothing else owns.
-            .map(|fd| Stdio::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-            .unwrap_or_else(|_| Stdio::null())
-    };
-    let ip = &setup.ip;
-    let mut child = Command::new(ip)
-        .args(["-batch", "-"])
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(log())
-        .stderr(log())
-        .spawn()
-        .map_err(|e| format!("cannot run {ip} for {what}: {e}"))?;
-    let written = child
-        .stdin
-        .take()
-        .map(|mut stdin| stdin.write_all(batch.as_bytes()));
-    let status = child
-        .wait()
-        .map_err(|e| format!("cannot wait for {ip}: {e}"))?;
-    match written {
-        Some(Ok(())) if status.success() => Ok(()),
-        _ => Err(format!(
-            "{ip} could not set up {what} ({status}); nothing was started"
-        )),
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub mod netns;
 pub mod network;
 pub mod policy;
 mod privilege;
+mod rtnetlink;
 
 pub use privilege::keep_capabilities;
 

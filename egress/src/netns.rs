@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sched::{setns, unshare, CloneFlags};
@@ -27,6 +27,9 @@ use crate::network::{NetworkSetup, DNS_PROXY_PORT};
 
 /// How long pasta gets to configure the namespace.
 const PASTA_READY: Duration = Duration::from_secs(10);
+/// How often the launcher looks for pasta's route meanwhile: pasta takes a few milliseconds,
+/// and a reading of the route table costs microseconds.
+const PASTA_POLL: Duration = Duration::from_micros(500);
 /// Upper bound of pasta's command line as sent to its starter.
 const MAX_ARGV: usize = 64 * 1024;
 
@@ -485,7 +488,22 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     crate::dns::serve(listeners, upstreams, setup.nft.clone(), setup.dns.clone())
 }
 
+/// Loads `setup`'s egress policy into the caller's network namespace with `nft -f -`.
 pub(crate) fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
+    start_loading_rules(setup)?.wait()
+}
+
+/// `nft -f -` at work on the egress policy, in the network namespace the caller was in when
+/// it started: a gate goes on linking itself meanwhile, and waits before anything of the
+/// sandbox runs.
+pub(crate) struct RulesLoading {
+    nft: Child,
+    written: Option<io::Result<()>>,
+    program: String,
+}
+
+/// Starts loading `setup`'s egress policy into the caller's network namespace.
+pub(crate) fn start_loading_rules(setup: &NetworkSetup) -> Result<RulesLoading, String> {
     // A copy of stderr (the sandbox log) for each of nft's outputs.
     let log = || {
         nix::unistd::dup(2)
@@ -502,19 +520,32 @@ pub(crate) fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
         .stderr(log())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", setup.nft))?;
+    // Closed once written: nft reads to the end before it loads anything.
     let written = nft
         .stdin
         .take()
         .map(|mut stdin| stdin.write_all(setup.rules.as_bytes()));
-    let status = nft
-        .wait()
-        .map_err(|e| format!("cannot wait for {}: {e}", setup.nft))?;
-    match written {
-        Some(Ok(())) if status.success() => Ok(()),
-        _ => Err(format!(
-            "{} could not load the egress policy ({status}); nothing was started",
-            setup.nft
-        )),
+    Ok(RulesLoading {
+        nft,
+        written,
+        program: setup.nft.clone(),
+    })
+}
+
+impl RulesLoading {
+    /// Whether the whole policy is in force (nft loads a file as one transaction).
+    pub(crate) fn wait(mut self) -> Result<(), String> {
+        let status = self
+            .nft
+            .wait()
+            .map_err(|e| format!("cannot wait for {}: {e}", self.program))?;
+        match self.written {
+            Some(Ok(())) if status.success() => Ok(()),
+            _ => Err(format!(
+                "{} could not load the egress policy ({status}); nothing was started",
+                self.program
+            )),
+        }
     }
 }
 
@@ -541,7 +572,7 @@ pub(crate) fn wait_until_ready(pasta: Pid, ports: &[u16]) -> Result<(), String> 
                 PASTA_READY.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(PASTA_POLL);
     }
 }
 

@@ -144,8 +144,6 @@ pub struct BusForward {
 pub struct NetworkSetup {
     /// `nft` and the ruleset it loads into the sandbox's namespace.
     pub nft: String,
-    /// iproute2's `ip` (a gate's link).
-    pub ip: String,
     pub rules: String,
     /// `pasta` and its arguments, without the namespace to join (the launcher adds it).
     pub pasta: String,
@@ -219,7 +217,6 @@ impl NetworkSetup {
         };
         NetworkSetup {
             nft,
-            ip: find_in_path("ip").map_or_else(|| "ip".into(), |p| p.display().to_string()),
             rules,
             pasta,
             pasta_args,
@@ -406,8 +403,6 @@ fn accept(rules: &mut String, nets: &[IpNet]) {
 pub struct HostTools {
     pub pasta: Option<PathBuf>,
     pub nft: Option<PathBuf>,
-    /// iproute2's `ip`, which links a gate to its sandbox.
-    pub ip: Option<PathBuf>,
     /// The host's own addresses, denied to every sandbox.
     pub host_addrs: Vec<IpAddr>,
 }
@@ -418,7 +413,6 @@ impl HostTools {
         HostTools {
             pasta: find_in_path("pasta"),
             nft: find_in_path("nft"),
-            ip: find_in_path("ip"),
             host_addrs: host_addresses(),
         }
     }
@@ -429,8 +423,6 @@ impl HostTools {
             Some("`pasta` is not installed (Debian package `passt`)")
         } else if self.nft.is_none() {
             Some("`nft` is not installed (Debian package `nftables`)")
-        } else if self.ip.is_none() {
-            Some("`ip` is not installed (Debian package `iproute2`)")
         } else if std::fs::File::options()
             .read(true)
             .write(true)

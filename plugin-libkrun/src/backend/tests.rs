@@ -235,7 +235,6 @@ fn network_is_given_behind_the_policy_or_refused_never_the_hosts() {
     backend.egress_tools = HostTools {
         pasta: Some("/usr/bin/pasta".into()),
         nft: Some("/usr/sbin/nft".into()),
-        ip: Some("/usr/sbin/ip".into()),
         host_addrs: vec!["192.0.2.1".parse().unwrap()],
     };
     if backend.egress_tools.unavailable().is_none() {
@@ -276,7 +275,6 @@ fn a_worker_vms_bus_is_pastas_one_forwarded_port_behind_the_policy() {
     backend.egress_tools = HostTools {
         pasta: Some("/usr/bin/pasta".into()),
         nft: Some("/usr/sbin/nft".into()),
-        ip: Some("/usr/sbin/ip".into()),
         host_addrs: vec!["192.0.2.1".parse().unwrap()],
     };
     let mut worker = BootSpec {
