@@ -866,7 +866,7 @@ async fn bench(options: Options) -> BenchResult<()> {
             "create, network off",
             samples.get("create"),
         )
-        .note("pasta start + nftables policy + its readiness wait"),
+        .note("the gate (a namespace and a veth pair behind the sandbox), its nftables policy, pasta and its readiness wait"),
     ];
     rows.extend(download);
     rows.extend(bus);
