@@ -25,6 +25,24 @@ pub struct ExecRequest {
     /// acknowledgements either way, as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_window: Option<u64>,
+    /// A terminal, only to an agent whose `Hello` lists [`FEATURE_EXEC_TTY`]: the program
+    /// runs in a session of its own on a new pseudo-terminal of this size (its controlling
+    /// terminal, on its stdin, stdout and stderr). Its output comes as `Stdout` frames
+    /// only (the terminal merges stderr), `Stdin` frames are typed at the terminal, and
+    /// `Resize` frames change its size. Absent: pipes, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
+}
+
+/// The `Hello` feature of an agent that honours [`ExecRequest::tty`] and knows the
+/// `Resize` frame. Hosts never send either to an agent without it.
+pub const FEATURE_EXEC_TTY: &str = "exec_tty";
+
+/// A terminal's size in character cells (payload of `Resize`, host to agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtySize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// The `Hello` feature of an agent that honours [`ExecRequest::flow_window`] and knows the
@@ -84,6 +102,8 @@ pub struct ExecSpec {
     pub timeout_ms: u64,
     /// Per stream.
     pub max_output_bytes: usize,
+    /// Run on a pseudo-terminal of this size (see [`ExecRequest::tty`]).
+    pub tty: Option<TtySize>,
 }
 
 /// What the host-side caller gets back.
@@ -109,6 +129,7 @@ impl ExecSpec {
             timeout_ms: self.timeout_ms,
             max_output_bytes: self.max_output_bytes as u64,
             flow_window: None,
+            tty: self.tty,
         }
     }
 }

@@ -52,11 +52,13 @@ pub enum Kind {
     OutputAck = 14,
     /// JSON [`crate::FlowAck`], agent to host: stdin of a flow-controlled exec written.
     StdinAck = 15,
+    /// JSON [`crate::TtySize`], host to agent: the new size of an exec's terminal.
+    Resize = 16,
 }
 
 impl Kind {
     /// Every kind, in wire order (used by tests that pin the set).
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Hello,
         Kind::ExecStart,
         Kind::Stdin,
@@ -72,6 +74,7 @@ impl Kind {
         Kind::ShutdownAck,
         Kind::OutputAck,
         Kind::StdinAck,
+        Kind::Resize,
     ];
 
     fn from_wire(byte: u8) -> Option<Kind> {

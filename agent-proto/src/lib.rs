@@ -13,6 +13,8 @@
 //! `FsRequest` [+ `Data`...] answered by [`Data`...] then `FsResponse` (or `Error`).
 //! An exec with a flow window (agents whose `Hello` lists `exec_flow`) also has
 //! `OutputAck` host to agent and `StdinAck` agent to host (see [`ExecRequest::flow_window`]).
+//! An exec on a terminal (agents whose `Hello` lists `exec_tty`) may get `Resize` frames
+//! host to agent (see [`ExecRequest::tty`]).
 
 pub mod error;
 pub mod exec;
@@ -28,8 +30,8 @@ pub mod client;
 pub use client::{AgentClient, AgentError};
 pub use error::{ErrorCode, RequestError};
 pub use exec::{
-    flow_cost, ExecExit, ExecOutcome, ExecRequest, ExecSpec, FlowAck, FEATURE_EXEC_FLOW,
-    FLOW_CHUNK_OVERHEAD,
+    flow_cost, ExecExit, ExecOutcome, ExecRequest, ExecSpec, FlowAck, TtySize, FEATURE_EXEC_FLOW,
+    FEATURE_EXEC_TTY, FLOW_CHUNK_OVERHEAD,
 };
 pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MAX_PAYLOAD};
 pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse, FS_CALL_TIMEOUT};

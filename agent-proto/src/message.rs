@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::exec::{ExecExit, ExecRequest, FlowAck};
+use crate::exec::{ExecExit, ExecRequest, FlowAck, TtySize};
 use crate::frame::{Frame, Kind, FLAG_BODY, FLAG_END};
 use crate::fs::{FsReply, FsRequest};
 use crate::{Hello, RequestError};
@@ -38,6 +38,8 @@ pub enum Message {
     /// Only for execs started with a flow window (see [`ExecRequest::flow_window`]).
     OutputAck(FlowAck),
     StdinAck(FlowAck),
+    /// Only for execs started with a terminal (see [`ExecRequest::tty`]).
+    Resize(TtySize),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,7 @@ impl Message {
             Message::ShutdownAck => Frame::new(id, Kind::ShutdownAck, Vec::new()),
             Message::OutputAck(m) => json(id, Kind::OutputAck, &m)?,
             Message::StdinAck(m) => json(id, Kind::StdinAck, &m)?,
+            Message::Resize(m) => json(id, Kind::Resize, &m)?,
         };
         Ok(frame)
     }
@@ -111,6 +114,7 @@ impl Message {
             Kind::ShutdownAck => empty(frame, Message::ShutdownAck)?,
             Kind::OutputAck => Message::OutputAck(parse(&frame)?),
             Kind::StdinAck => Message::StdinAck(parse(&frame)?),
+            Kind::Resize => Message::Resize(parse(&frame)?),
         };
         Ok(msg)
     }

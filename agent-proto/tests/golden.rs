@@ -25,6 +25,7 @@ fn samples() -> Vec<(&'static str, Message)> {
                 timeout_ms: 1000,
                 max_output_bytes: 1048576,
                 flow_window: None,
+                tty: None,
             }),
         ),
         (
@@ -185,10 +186,31 @@ fn samples() -> Vec<(&'static str, Message)> {
                 timeout_ms: 0,
                 max_output_bytes: u64::MAX,
                 flow_window: Some(1048576),
+                tty: None,
             }),
         ),
         ("output_ack", Message::OutputAck(FlowAck { bytes: 65600 })),
         ("stdin_ack", Message::StdinAck(FlowAck { bytes: 66 })),
+        (
+            "exec_start_tty",
+            Message::ExecStart(ExecRequest {
+                argv: vec!["bash".into(), "-i".into()],
+                env: vec![],
+                workdir: None,
+                stdin: true,
+                timeout_ms: 0,
+                max_output_bytes: u64::MAX,
+                flow_window: Some(1048576),
+                tty: Some(TtySize { rows: 24, cols: 80 }),
+            }),
+        ),
+        (
+            "resize",
+            Message::Resize(TtySize {
+                rows: 50,
+                cols: 132,
+            }),
+        ),
     ]
 }
 
@@ -290,7 +312,7 @@ fn version_1_peers_without_the_additions_still_decode() {
     // An ExecStart without flow_window is the unflowed exec it always was.
     let start = br#"{"argv":["true"],"env":[],"workdir":null,"stdin":false,"timeout_ms":1,"max_output_bytes":1}"#;
     match Message::from_frame(Frame::new(1, Kind::ExecStart, start.to_vec())).expect("decodes") {
-        Message::ExecStart(r) => assert_eq!(r.flow_window, None),
+        Message::ExecStart(r) => assert_eq!((r.flow_window, r.tty), (None, None)),
         other => panic!("{other:?}"),
     }
 }

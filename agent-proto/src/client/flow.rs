@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::waiters::{FlowWaiter, Waiter};
 use super::{flatten, lock, AgentClient, AgentError, OutputChunk, EXEC_GRACE};
 use crate::frame::CHUNK_SIZE;
-use crate::{flow_cost, ExecExit, ExecSpec, FlowAck, Message, FEATURE_EXEC_FLOW};
+use crate::{
+    flow_cost, ExecExit, ExecSpec, FlowAck, Message, TtySize, FEATURE_EXEC_FLOW, FEATURE_EXEC_TTY,
+};
 
 /// What one flow-controlled exec shares between the read loop and its handles.
 pub(crate) struct FlowState {
@@ -113,6 +115,11 @@ impl AgentClient {
                 "the agent does not support {FEATURE_EXEC_FLOW} (it predates streamed exec)"
             )));
         }
+        if spec.tty.is_some() && !self.supports(FEATURE_EXEC_TTY) {
+            return Err(AgentError::Unsupported(format!(
+                "the agent does not support {FEATURE_EXEC_TTY} (it predates terminals)"
+            )));
+        }
         let window = window.clamp(flow_cost(4 * CHUNK_SIZE), u64::from(u32::MAX));
         let id = self.next_id();
         let (reply, rx) = oneshot::channel();
@@ -195,6 +202,16 @@ impl FlowHandle {
             end: true,
         };
         self.client.send(msg, self.id).await
+    }
+
+    /// Sets the size of the exec's terminal (one started with `tty`); the program's
+    /// foreground group gets SIGWINCH. Moot once the exec has ended, and ignored by the
+    /// agent for an exec without a terminal.
+    pub async fn resize(&self, size: TtySize) -> Result<(), AgentError> {
+        if self.state.done.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.client.send(Message::Resize(size), self.id).await
     }
 
     /// Kills the program's process group; its `ExecExit` still comes (`killed: true`).
