@@ -67,6 +67,16 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Terminals for execs that ask for one: libkrun's init may leave /dev without devpts.
+    // Before confinement, which gives up the right to mount. Best effort: only `tty`
+    // execs need it, and they say so when it is missing.
+    if matches!(mode, Mode::Vsock(_)) {
+        match sys::ensure_devpts() {
+            Ok(true) => log!("mounted devpts at /dev/pts"),
+            Ok(false) => {}
+            Err(e) => log!("no devpts at /dev/pts ({e}); execs with a terminal will fail"),
+        }
+    }
     // Before any thread exists (the seccomp filter is applied to this thread only, and
     // every later thread and exec inherits it). Fail closed: never serve unconfined.
     if confine {

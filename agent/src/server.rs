@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use agent_proto::{
     ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, FEATURE_EXEC_FLOW,
-    PROTOCOL_VERSION,
+    FEATURE_EXEC_TTY, PROTOCOL_VERSION,
 };
 
 use crate::exec::{self, ExecContext, ExecHandle};
@@ -41,7 +41,7 @@ struct Server {
 
 pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
     let software = concat!("sandbox-agent ", env!("CARGO_PKG_VERSION"));
-    let hello = Hello::new(software).with_features(&[FEATURE_EXEC_FLOW]);
+    let hello = Hello::new(software).with_features(&[FEATURE_EXEC_FLOW, FEATURE_EXEC_TTY]);
     ctx.outbox.send(0, Message::Hello(hello));
     if let Err(e) = handshake(reader, &ctx) {
         return e;
@@ -112,6 +112,12 @@ impl Server {
                 // An ack for an exec that has just ended is moot, not an error.
                 if let Some(handle) = lock(&self.execs).get(&id) {
                     handle.control.ack_output(ack.bytes);
+                }
+            }
+            Message::Resize(size) => {
+                // A size for an exec that has just ended, or has no terminal, is moot.
+                if let Some(handle) = lock(&self.execs).get(&id) {
+                    handle.terminal.resize(id, size);
                 }
             }
             Message::ExecKill => {

@@ -206,3 +206,39 @@ pub fn grow_pipe(fd: RawFd, bytes: usize) {
     // SAFETY: F_SETPIPE_SZ takes an int and has no memory effects; a bad fd only errors.
     unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size) };
 }
+
+/// Makes sure the sandbox can open pseudo-terminals: mounts a devpts instance of its own at
+/// `/dev/pts` (every user may open its `ptmx`; new terminals are the opener's, mode 0620)
+/// when none is there, and points `/dev/ptmx` at it when `/dev` has no `ptmx`. For a
+/// microVM, where the agent is the init's only workload; a bwrap sandbox has them from
+/// `--dev`. Returns whether it mounted one.
+pub fn ensure_devpts() -> io::Result<bool> {
+    if std::path::Path::new("/dev/pts/ptmx").exists() {
+        return Ok(false);
+    }
+    match std::fs::create_dir("/dev/pts") {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    const SOURCE: &[u8] = b"devpts\0";
+    const TARGET: &[u8] = b"/dev/pts\0";
+    const OPTIONS: &[u8] = b"newinstance,ptmxmode=0666,mode=0620\0";
+    // SAFETY: NUL-terminated strings; mount has no memory effects on the caller.
+    let rc = unsafe {
+        libc::mount(
+            SOURCE.as_ptr().cast(),
+            TARGET.as_ptr().cast(),
+            SOURCE.as_ptr().cast(),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            OPTIONS.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if std::fs::symlink_metadata("/dev/ptmx").is_err() {
+        std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx")?;
+    }
+    Ok(true)
+}

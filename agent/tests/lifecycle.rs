@@ -243,6 +243,7 @@ fn malformed_requests_get_errors_and_the_agent_keeps_serving() {
         timeout_ms: 10_000,
         max_output_bytes: 100,
         flow_window: None,
+        tty: None,
     };
     raw.send(Message::ExecStart(req).into_frame(30).expect("encodes"));
     let mut out = Vec::new();

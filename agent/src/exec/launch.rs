@@ -25,9 +25,14 @@ pub struct Program {
     workdir: Option<CString>,
 }
 
-/// A started program: its pid (also its process group) and the agent's pipe ends.
+/// A started program: its pid (also its process group) and, unless it runs on a
+/// terminal, the agent's pipe ends.
 pub struct Launched {
     pub pid: libc::pid_t,
+    pub pipes: Option<Pipes>,
+}
+
+pub struct Pipes {
     pub stdin: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
@@ -94,6 +99,9 @@ struct ChildArgs {
     workdir: *const libc::c_char,
     /// The child's ends for its stdin, stdout and stderr, all above 2.
     fds: [c_int; 3],
+    /// The three are one terminal's slave: the child starts a session and makes it its
+    /// controlling terminal (instead of only a process group of its own).
+    terminal: bool,
     /// Written by the child when it gives up: the stage and errno.
     failed_stage: c_int,
     failed_errno: c_int,
@@ -109,21 +117,41 @@ const STACK_SIZE: usize = 64 * 1024;
 /// Starts `program` with fresh pipes on its stdin, stdout and stderr, in a process group of
 /// its own, dying with the calling thread's process, preferred by the OOM killer, with
 /// every signal unblocked and SIGPIPE at its default.
-pub fn launch(program: &Program) -> Result<Launched, LaunchError> {
+///
+/// With `terminal` (a pseudo-terminal's slave, above 2) the program gets it on 0, 1 and 2
+/// instead, in a session of its own (its pid is then the session's, and the process
+/// group's) with the terminal as its controlling one. The caller closes its copy of the
+/// slave once this returns, so the master reads end of file (EIO) when the program's side
+/// is closed.
+pub fn launch(program: &Program, terminal: Option<&OwnedFd>) -> Result<Launched, LaunchError> {
     let spawn = LaunchError::Spawn;
-    let (stdin_read, stdin_write) = pipe().map_err(spawn)?;
-    let (stdout_read, stdout_write) = pipe().map_err(spawn)?;
-    let (stderr_read, stderr_write) = pipe().map_err(spawn)?;
+    let (pipes, fds) = match terminal {
+        Some(slave) => (None, [slave.as_raw_fd(); 3]),
+        None => {
+            let (stdin_read, stdin_write) = pipe().map_err(spawn)?;
+            let (stdout_read, stdout_write) = pipe().map_err(spawn)?;
+            let (stderr_read, stderr_write) = pipe().map_err(spawn)?;
+            let fds = [
+                stdin_read.as_raw_fd(),
+                stdout_write.as_raw_fd(),
+                stderr_write.as_raw_fd(),
+            ];
+            let ends = Pipes {
+                stdin: stdin_write,
+                stdout: stdout_read,
+                stderr: stderr_read,
+            };
+            // The child's ends stay open until after the clone (dropped with this tuple).
+            (Some((ends, [stdin_read, stdout_write, stderr_write])), fds)
+        }
+    };
     let mut args = ChildArgs {
         candidates: null_terminated(&program.candidates),
         argv: null_terminated(&program.argv),
         envp: null_terminated(&program.envp),
         workdir: program.workdir.as_ref().map_or(ptr::null(), |w| w.as_ptr()),
-        fds: [
-            stdin_read.as_raw_fd(),
-            stdout_write.as_raw_fd(),
-            stderr_write.as_raw_fd(),
-        ],
+        fds,
+        terminal: terminal.is_some(),
         failed_stage: 0,
         failed_errno: 0,
     };
@@ -161,9 +189,7 @@ pub fn launch(program: &Program) -> Result<Launched, LaunchError> {
     }
     Ok(Launched {
         pid,
-        stdin: stdin_write,
-        stdout: stdout_read,
-        stderr: stderr_read,
+        pipes: pipes.map(|(ends, _child_ends)| ends),
     })
 }
 
@@ -303,7 +329,14 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                 return give_up(args, STAGE_SETUP);
             }
         }
-        if libc::setpgid(0, 0) != 0 {
+        if args.terminal {
+            // A session of its own (also a process group of its own, whose id is the
+            // pid), then the slave as its controlling terminal: job control, ^C and
+            // SIGWINCH reach the program's foreground group.
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return give_up(args, STAGE_SETUP);
+            }
+        } else if libc::setpgid(0, 0) != 0 {
             return give_up(args, STAGE_SETUP);
         }
         if !args.workdir.is_null() && libc::chdir(args.workdir) != 0 {

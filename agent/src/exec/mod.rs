@@ -2,6 +2,7 @@
 //! sends `ExecExit` last, only once both streams are closed (or abandoned at a deadline).
 
 mod launch;
+mod pty;
 mod pump;
 mod spawn;
 
@@ -24,6 +25,8 @@ pub struct ExecHandle {
     pub control: Arc<ExecControl>,
     /// Stdin chunks for the program; dropping it closes the program's stdin.
     pub stdin: Option<Sender<Vec<u8>>>,
+    /// Where `Resize` frames go (moot for an exec without a terminal).
+    pub terminal: Arc<pty::Terminal>,
 }
 
 /// Everything an exec thread needs from the agent.
@@ -43,15 +46,19 @@ pub fn start(
     let control = ExecControl::new()?;
     let (stdin_tx, stdin_rx) = mpsc::channel();
     let thread_control = control.clone();
+    let terminal = Arc::new(pty::Terminal::default());
+    let thread_terminal = terminal.clone();
     std::thread::Builder::new()
         .name(format!("exec-{id}"))
         .spawn(move || {
-            run(id, req, &thread_control, &ctx, stdin_rx);
+            run(id, req, &thread_control, &ctx, stdin_rx, &thread_terminal);
+            thread_terminal.detach();
             on_done();
         })?;
     Ok(ExecHandle {
         control,
         stdin: Some(stdin_tx),
+        terminal,
     })
 }
 
@@ -61,6 +68,7 @@ fn run(
     control: &Arc<ExecControl>,
     ctx: &ExecContext,
     stdin_rx: Receiver<Vec<u8>>,
+    terminal: &pty::Terminal,
 ) {
     let started = Instant::now();
     let spawned = match spawn::spawn(&req, control, &ctx.table) {
@@ -90,6 +98,9 @@ fn run(
             return;
         }
     };
+    if let Some(master) = spawned.terminal {
+        terminal.attach(id, master);
+    }
     if let Some(stdin) = spawned.stdin {
         // With a flow window the host waits for acks before it sends more stdin.
         let acks = req.flow_window.map(|_| ctx.outbox.clone());

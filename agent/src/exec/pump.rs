@@ -103,17 +103,20 @@ pub struct PumpArgs<'a> {
     pub window: Option<u64>,
 }
 
-pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: ChildStderr) -> Drained {
+/// `stderr` is None for a program on a terminal, whose master (`stdout`) carries both
+/// streams; its EIO once the program's side is closed ends it like end of file.
+pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: Option<ChildStderr>) -> Drained {
     let mut out = Stream {
         pipe: Some(stdout),
         tally: StreamTally::default(),
         stdout: true,
     };
     let mut err = Stream {
-        pipe: Some(stderr),
+        pipe: stderr,
         tally: StreamTally::default(),
         stdout: false,
     };
+    // A terminal's master refuses F_SETPIPE_SZ, harmlessly.
     for fd in [
         out.pipe.as_ref().map(|p| p.as_raw_fd()),
         err.pipe.as_ref().map(|p| p.as_raw_fd()),

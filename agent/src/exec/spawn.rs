@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use agent_proto::{ErrorCode, ExecRequest, RequestError};
 
 use super::launch::{launch, LaunchError, Program};
+use super::pty;
 use crate::procs::{ExecControl, ProcTable};
 
 /// PATH given to a program whose request does not set one.
@@ -19,8 +21,12 @@ pub struct Spawned {
     /// Also the process group id.
     pub pid: libc::pid_t,
     pub stdin: Option<ChildStdin>,
+    /// On a terminal: its master, where the program's stdout and stderr both arrive.
     pub stdout: ChildStdout,
-    pub stderr: ChildStderr,
+    /// None on a terminal (merged into `stdout`).
+    pub stderr: Option<ChildStderr>,
+    /// On a terminal: a copy of its master, for resizing.
+    pub terminal: Option<OwnedFd>,
 }
 
 /// Why nothing runs.
@@ -41,8 +47,15 @@ pub fn spawn(
 ) -> Result<Spawned, SpawnError> {
     let program = build(req)?;
     let name = &req.argv[0];
+    // Everything the terminal needs is made before the program starts, so nothing can
+    // fail once it runs.
+    let terminal = match req.tty {
+        Some(size) => Some(terminal_ends(size, req.stdin)?),
+        None => None,
+    };
     let mut failed_workdir = None;
-    let result = table.spawn_registered(control, || match launch(&program) {
+    let slave = terminal.as_ref().map(|t| &t.pair.slave);
+    let result = table.spawn_registered(control, || match launch(&program, slave) {
         Ok(launched) => Ok((launched.pid, launched)),
         Err(LaunchError::Spawn(e)) => Err(e),
         Err(LaunchError::Workdir(e)) => {
@@ -51,12 +64,32 @@ pub fn spawn(
         }
     });
     match result {
-        Ok((pid, launched)) => Ok(Spawned {
-            pid,
-            stdin: req.stdin.then(|| ChildStdin::from(launched.stdin)),
-            stdout: ChildStdout::from(launched.stdout),
-            stderr: ChildStderr::from(launched.stderr),
-        }),
+        Ok((pid, launched)) => match (launched.pipes, terminal) {
+            (Some(pipes), _) => Ok(Spawned {
+                pid,
+                stdin: req.stdin.then(|| ChildStdin::from(pipes.stdin)),
+                stdout: ChildStdout::from(pipes.stdout),
+                stderr: Some(ChildStderr::from(pipes.stderr)),
+                terminal: None,
+            }),
+            (None, Some(ends)) => {
+                // The program holds the slave now; the master reads EIO once its side is
+                // closed, which is the end of its output.
+                drop(ends.pair.slave);
+                Ok(Spawned {
+                    pid,
+                    stdin: ends.stdin.map(ChildStdin::from),
+                    stdout: ChildStdout::from(ends.pair.master),
+                    stderr: None,
+                    terminal: Some(ends.resize),
+                })
+            }
+            (None, None) => Err(request(
+                ErrorCode::SpawnFailed,
+                "the program started without its pipes",
+            )
+            .into()),
+        },
         Err(e) => match failed_workdir {
             Some(why) => {
                 let dir = req.workdir.as_deref().unwrap_or_default();
@@ -65,6 +98,33 @@ pub fn spawn(
             None => Err(classify(name, e)),
         },
     }
+}
+
+/// A terminal's pair and the copies of its master the exec keeps.
+struct TerminalEnds {
+    pair: pty::Pair,
+    stdin: Option<OwnedFd>,
+    resize: OwnedFd,
+}
+
+fn terminal_ends(size: agent_proto::TtySize, stdin: bool) -> Result<TerminalEnds, SpawnError> {
+    let failed = |e: io::Error| {
+        SpawnError::from(request(
+            ErrorCode::SpawnFailed,
+            format!("cannot open a pseudo-terminal: {e}"),
+        ))
+    };
+    let pair = pty::open(size).map_err(failed)?;
+    let stdin = match stdin {
+        true => Some(pair.master.try_clone().map_err(failed)?),
+        false => None,
+    };
+    let resize = pair.master.try_clone().map_err(failed)?;
+    Ok(TerminalEnds {
+        pair,
+        stdin,
+        resize,
+    })
 }
 
 fn build(req: &ExecRequest) -> Result<Program, SpawnError> {

@@ -49,6 +49,7 @@ pub fn spec(argv: &[&str]) -> ExecSpec {
         stdin: Vec::new(),
         timeout_ms: 30_000,
         max_output_bytes: MIB,
+        tty: None,
     }
 }
 
