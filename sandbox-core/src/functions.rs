@@ -173,6 +173,7 @@ fn exec_request() -> Value {
             "workdir": {"type": "string"},
             "stream": crate::ops::stream::schema("write"),
             "stdin_stream": crate::ops::stream::schema("read"),
+            "tty": crate::ops::stream::tty_schema(),
         }),
     )
 }
@@ -314,6 +315,7 @@ fn run_request() -> Value {
             "keep_sandbox": {"type": "boolean", "default": false},
             "stream": crate::ops::stream::schema("write"),
             "stdin_stream": crate::ops::stream::schema("read"),
+            "tty": crate::ops::stream::tty_schema(),
         }),
     )
 }

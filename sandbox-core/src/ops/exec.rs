@@ -35,6 +35,8 @@ struct ExecRequest {
     stream: Option<Value>,
     /// Read end of a caller's channel: the program's stdin as it arrives.
     stdin_stream: Option<Value>,
+    /// `{rows, cols}`: run on a pseudo-terminal (with both channels; see `ops::stream`).
+    tty: Option<Value>,
 }
 
 /// One program to run; shared by `exec` and `run`.
@@ -64,7 +66,7 @@ pub async fn exec<B: Backend>(
         stdin,
         timeout_ms: request.timeout_ms,
         workdir: request.workdir,
-        streams: streams(request.stream, request.stdin_stream, has_stdin)?,
+        streams: streams(request.stream, request.stdin_stream, has_stdin, request.tty)?,
     };
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
     crate::ops::pause::wake(&sandbox).await?;
@@ -90,6 +92,7 @@ pub async fn run_in<B: Backend>(
         stdin: input.stdin,
         timeout_ms,
         max_output_bytes: OUTPUT_CAP,
+        tty: None,
     };
     if input.streams.any() {
         let engine_url = plugin.host.engine_url().ok_or_else(|| {
@@ -118,19 +121,22 @@ pub async fn run_in<B: Backend>(
     Ok(result)
 }
 
-/// The `stream`/`stdin_stream` fields of `exec` and `run` (S001 when malformed, or when
-/// `stdin` and `stdin_stream` are both given).
+/// The `stream`/`stdin_stream`/`tty` fields of `exec` and `run` (S001 when malformed, when
+/// `stdin` and `stdin_stream` are both given, or `tty` without both channels).
 pub fn streams(
     stream: Option<Value>,
     stdin_stream: Option<Value>,
     has_stdin: bool,
+    tty: Option<Value>,
 ) -> Result<StreamRefs, SandboxError> {
     if has_stdin && stdin_stream.is_some() {
         return Err(SandboxError::InvalidRequest(
             "give `stdin` or `stdin_stream`, not both".into(),
         ));
     }
-    StreamRefs::parse(stream, stdin_stream)
+    let mut refs = StreamRefs::parse(stream, stdin_stream)?;
+    refs.tty = stream::tty(tty, &refs)?;
+    Ok(refs)
 }
 
 fn clamp_timeout(requested: Option<u64>, ceiling: u64) -> Result<u64, SandboxError> {

@@ -32,6 +32,8 @@ struct RunRequest {
     /// As `exec`'s: the program's output streamed into the caller's channel.
     stream: Option<Value>,
     stdin_stream: Option<Value>,
+    /// As `exec`'s: a pseudo-terminal of `{rows, cols}`.
+    tty: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,6 +68,7 @@ pub async fn run<B: Backend>(
         request.stream,
         request.stdin_stream,
         request.stdin.is_some(),
+        request.tty,
     )?;
     let files = request.files.unwrap_or_default();
     let files: Vec<(String, String)> = files

@@ -3,13 +3,19 @@
 //! `{"stream":"stdout"|"stderr","data_b64":...}` and a last `{"exit":{...}}`; with
 //! `stdin_stream` (the read end of one) the program's stdin is fed as the caller writes.
 //!
+//! With `tty: {rows, cols}` (and both channels) the program runs on a pseudo-terminal of
+//! that size: its output (stdout and stderr merged by the terminal) comes as `stdout`
+//! lines, the binary messages of `stdin_stream` are typed at the terminal, and a text
+//! message `{"resize":{"rows":R,"cols":C}}` on `stdin_stream` resizes it. Input is only
+//! ever binary messages, so no input can be taken for a resize.
+//!
 //! Memory: the exec runs with an agent flow window ([`WINDOW`]): the agent stops reading the
 //! program's pipes while a window's worth is not yet written into the channel, so a caller
 //! that stops reading blocks the program (until its `timeout_ms`), never the adapter's memory
 //! or the sandbox's other calls. The reply keeps its own copies, 1 MiB per stream as always.
 
 use agent_proto::client::{FlowHandle, OutputChunk};
-use agent_proto::{ExecExit, ExecOutcome, ExecSpec};
+use agent_proto::{ExecExit, ExecOutcome, ExecSpec, TtySize};
 use base64::Engine as _;
 use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
 use serde_json::{json, Value};
@@ -35,6 +41,8 @@ pub const DRAIN_STALL: Duration = Duration::from_secs(30);
 pub struct StreamRefs {
     pub output: Option<StreamChannelRef>,
     pub stdin: Option<StreamChannelRef>,
+    /// Run on a pseudo-terminal of this size (only with both channels).
+    pub tty: Option<TtySize>,
 }
 
 impl StreamRefs {
@@ -47,12 +55,86 @@ impl StreamRefs {
             stdin: stdin_stream
                 .map(|v| channel_ref("stdin_stream", v, "read"))
                 .transpose()?,
+            tty: None,
         })
     }
 
     pub fn any(&self) -> bool {
         self.output.is_some() || self.stdin.is_some()
     }
+}
+
+/// Largest `rows` and `cols` of a `tty` (a terminal's size is 16-bit; nothing real is
+/// near this).
+pub const TTY_MAX: u16 = 1000;
+
+/// `tty` as the request gave it (absent or null: none). S001 unless it is `{rows, cols}`,
+/// each 1 to [`TTY_MAX`], given with both `stream` and `stdin_stream`.
+pub fn tty(value: Option<Value>, refs: &StreamRefs) -> Result<Option<TtySize>, SandboxError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    if refs.output.is_none() || refs.stdin.is_none() {
+        return Err(SandboxError::InvalidRequest(
+            "`tty` needs `stream` and `stdin_stream`: a terminal's output and input are \
+             streamed"
+                .into(),
+        ));
+    }
+    let bad = || {
+        SandboxError::InvalidRequest(format!(
+            "`tty` must be {{\"rows\": R, \"cols\": C}} with R and C from 1 to {TTY_MAX}"
+        ))
+    };
+    let fields = value.as_object().ok_or_else(bad)?;
+    if fields.keys().any(|k| k != "rows" && k != "cols") {
+        return Err(bad());
+    }
+    let cells = |name: &str| {
+        fields
+            .get(name)
+            .and_then(Value::as_u64)
+            .filter(|n| (1..=u64::from(TTY_MAX)).contains(n))
+            .map(|n| n as u16)
+            .ok_or_else(bad)
+    };
+    Ok(Some(TtySize {
+        rows: cells("rows")?,
+        cols: cells("cols")?,
+    }))
+}
+
+/// The request schema of `tty`.
+pub fn tty_schema() -> Value {
+    let cells = json!({"type": "integer", "minimum": 1, "maximum": TTY_MAX});
+    let mut schema = crate::functions::object(
+        &["rows", "cols"],
+        json!({"rows": cells.clone(), "cols": cells}),
+    );
+    schema["additionalProperties"] = false.into();
+    schema["description"] = "Run on a pseudo-terminal of this size (needs `stream` and \
+        `stdin_stream`): the program's own session with the terminal as its controlling \
+        one; stdout and stderr merged as `stdout` lines; a text message \
+        {\"resize\":{\"rows\":R,\"cols\":C}} on `stdin_stream` resizes it"
+        .into();
+    schema
+}
+
+/// A text message on `stdin_stream`: `{"resize": {"rows": R, "cols": C}}` gives the size;
+/// anything else is None (ignored, like a key no terminal has).
+fn resize_message(text: &str) -> Option<TtySize> {
+    let value: Value = serde_json::from_str(text).ok()?;
+    let size = value.get("resize")?;
+    let cells = |name: &str| {
+        size.get(name)
+            .and_then(Value::as_u64)
+            .filter(|n| (1..=u64::from(TTY_MAX)).contains(n))
+            .map(|n| n as u16)
+    };
+    Some(TtySize {
+        rows: cells("rows")?,
+        cols: cells("cols")?,
+    })
 }
 
 /// The request schema of `stream` (`"write"`) and `stdin_stream` (`"read"`).
@@ -187,6 +269,7 @@ pub async fn run(
     }
     // The stream carries everything; the reply's copies are cut here.
     spec.max_output_bytes = usize::MAX;
+    spec.tty = refs.tty;
     let timeout_ms = spec.timeout_ms;
     let flow = match sandbox
         .agent
@@ -211,6 +294,7 @@ pub async fn run(
             flow.handle.clone(),
             ended.clone(),
             stdin_broken.clone(),
+            refs.tty,
         ))
     });
     let handle = flow.handle.clone();
@@ -355,14 +439,54 @@ async fn write_line(
 
 /// Feeds the caller's `stdin_stream` to the program; its end closes the program's stdin.
 /// A channel that fails kills the program (S218). Aborted once the exec has ended.
+///
+/// On a terminal (`tty`) its text messages are resizes: each is taken as it arrives (the
+/// reader hands text to a callback while it waits for binary data) and sent before any
+/// input that followed it on the channel.
 async fn feed_stdin(
     reader: ChannelReader,
     handle: FlowHandle,
     ended: watch::Receiver<Option<Instant>>,
     broken: std::sync::Arc<std::sync::Mutex<Option<Broken>>>,
+    tty: Option<TtySize>,
 ) {
+    // Only the latest size matters: a burst of resizes is one.
+    let (sizes, mut latest) = watch::channel(tty);
+    let mut resizer = None;
+    if tty.is_some() {
+        reader
+            .on_message(move |text| {
+                if let Some(size) = resize_message(&text) {
+                    sizes.send_replace(Some(size));
+                }
+            })
+            .await;
+        latest.mark_unchanged();
+        let mut changes = latest.clone();
+        let handle = handle.clone();
+        resizer = Some(tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let size = *changes.borrow_and_update();
+                if let Some(size) = size {
+                    if handle.resize(size).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    let _resizer = AbortOnDrop(resizer);
     loop {
-        match reader.next_binary().await {
+        let next = reader.next_binary().await;
+        // A resize that came before this input goes first (sent twice at worst, which
+        // changes nothing: the terminal signals only a size that differs).
+        if latest.has_changed().unwrap_or(false) {
+            let size = *latest.borrow_and_update();
+            if let Some(size) = size {
+                let _ = handle.resize(size).await;
+            }
+        }
+        match next {
             Ok(Some(data)) => match handle.stdin(&data).await {
                 Ok(true) => {}
                 // The exec ended, or its link did (the exit says which).
@@ -384,9 +508,79 @@ async fn feed_stdin(
     }
 }
 
+/// Aborts the task when the feeder ends (it is aborted itself once the exec has ended).
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tty_is_rows_and_cols_in_range_with_both_channels() {
+        let end = |dir: &str| json!({"channel_id": "c", "access_key": "k", "direction": dir});
+        let both = StreamRefs::parse(Some(end("write")), Some(end("read"))).unwrap();
+        let size = tty(Some(json!({"rows": 24, "cols": 1000})), &both).unwrap();
+        assert_eq!(
+            size,
+            Some(TtySize {
+                rows: 24,
+                cols: 1000
+            })
+        );
+        assert_eq!(tty(None, &both).unwrap(), None);
+        assert_eq!(tty(Some(Value::Null), &both).unwrap(), None);
+        let bad = [
+            json!({"rows": 0, "cols": 80}),
+            json!({"rows": 24, "cols": 1001}),
+            json!({"rows": 24}),
+            json!({"rows": -1, "cols": 80}),
+            json!({"rows": 24.5, "cols": 80}),
+            json!({"rows": "24", "cols": 80}),
+            json!({"rows": 24, "cols": 80, "row": 1}),
+            json!([24, 80]),
+            json!(true),
+        ];
+        for value in bad {
+            let error = tty(Some(value.clone()), &both).expect_err(&value.to_string());
+            assert_eq!(error.code(), "S001", "{value}");
+        }
+        let output_only = StreamRefs::parse(Some(end("write")), None).unwrap();
+        let stdin_only = StreamRefs::parse(None, Some(end("read"))).unwrap();
+        for refs in [output_only, stdin_only, StreamRefs::default()] {
+            let error = tty(Some(json!({"rows": 24, "cols": 80})), &refs).unwrap_err();
+            assert_eq!(error.code(), "S001");
+        }
+    }
+
+    #[test]
+    fn only_a_resize_object_is_a_resize() {
+        let size = resize_message(r#"{"resize":{"rows":50,"cols":132}}"#);
+        assert_eq!(
+            size,
+            Some(TtySize {
+                rows: 50,
+                cols: 132
+            })
+        );
+        for text in [
+            "",
+            "ls\n",
+            r#"{"resize":{"rows":0,"cols":80}}"#,
+            r#"{"resize":{"rows":24}}"#,
+            r#"{"rows":24,"cols":80}"#,
+            r#"["resize"]"#,
+        ] {
+            assert_eq!(resize_message(text), None, "{text}");
+        }
+    }
 
     #[test]
     fn only_well_formed_ends_of_the_right_direction_are_accepted() {

@@ -173,6 +173,7 @@ async fn boot<B: Backend>(
         // An internal call: no deadline, and all of the output, streamed into the log.
         timeout_ms: 0,
         max_output_bytes: usize::MAX,
+        tty: None,
     };
     let run = Arc::new(Run {
         agent,
@@ -292,6 +293,7 @@ pub async fn stop_run(run: &Run, timeout: Duration) {
             stdin: Vec::new(),
             timeout_ms: 5_000,
             max_output_bytes: 4096,
+            tty: None,
         };
         let _ = tokio::time::timeout(Duration::from_secs(10), run.agent.exec(term)).await;
     }
