@@ -346,6 +346,39 @@ async fn a_flow_exec_needs_an_agent_that_offers_it() {
 }
 
 #[tokio::test]
+async fn a_terminal_needs_an_agent_that_offers_it_and_resizes_travel_until_the_end() {
+    let mut on_tty = spec(10);
+    on_tty.tty = Some(crate::TtySize { rows: 24, cols: 80 });
+    let (client, _fake) = pair_with(&[crate::FEATURE_EXEC_FLOW]).await;
+    let refused = client.exec_flow(&on_tty, true, 1 << 20).await;
+    assert!(matches!(refused, Err(AgentError::Unsupported(_))));
+
+    let features = [crate::FEATURE_EXEC_FLOW, crate::FEATURE_EXEC_TTY];
+    let (client, mut fake) = pair_with(&features).await;
+    let flow = client.exec_flow(&on_tty, true, 1 << 20).await.unwrap();
+    let start = fake.recv().await;
+    match Message::from_frame(start.clone()).unwrap() {
+        Message::ExecStart(r) => assert_eq!(r.tty, on_tty.tty),
+        other => panic!("{other:?}"),
+    }
+    let size = crate::TtySize {
+        rows: 50,
+        cols: 132,
+    };
+    flow.handle.resize(size).await.unwrap();
+    let resize = fake.recv().await;
+    assert_eq!(resize.id, start.id);
+    assert_eq!(Message::from_frame(resize).unwrap(), Message::Resize(size));
+    fake.send(start.id, Message::ExecExit(exit())).await;
+    let handle = flow.handle.clone();
+    flow.exit.wait().await.unwrap();
+    // After the end a resize is moot: nothing goes out, nothing fails.
+    handle.resize(size).await.unwrap();
+    let sent = tokio::time::timeout(Duration::from_millis(200), fake.recv()).await;
+    assert!(sent.is_err(), "a resize went out after the end");
+}
+
+#[tokio::test]
 async fn an_agent_past_its_flow_window_fails_the_exec_and_it_is_killed() {
     let (client, mut fake) = pair_with(&[crate::FEATURE_EXEC_FLOW]).await;
     let window = 1 << 20;
