@@ -74,20 +74,27 @@ fn run(
     let spawned = match spawn::spawn(&req, control, &ctx.table) {
         Ok(spawned) => spawned,
         Err(SpawnError::AsExit { code, message }) => {
+            // On a terminal everything the program's side says is terminal output.
+            let on_tty = req.tty.is_some();
             let shown = message.len().min(req.max_output_bytes as usize);
             if shown > 0 {
                 let chunk = message.as_bytes()[..shown].to_vec();
-                ctx.outbox.send(id, Message::Stderr(chunk));
+                let msg = match on_tty {
+                    true => Message::Stdout(chunk),
+                    false => Message::Stderr(chunk),
+                };
+                ctx.outbox.send(id, msg);
             }
+            let (total, cut) = (message.len() as u64, shown < message.len());
             let exit = ExecExit {
                 exit_code: code,
                 signal: None,
                 timed_out: false,
                 killed: false,
-                stdout_truncated: false,
-                stderr_truncated: shown < message.len(),
-                stdout_total: 0,
-                stderr_total: message.len() as u64,
+                stdout_truncated: on_tty && cut,
+                stderr_truncated: !on_tty && cut,
+                stdout_total: if on_tty { total } else { 0 },
+                stderr_total: if on_tty { 0 } else { total },
                 duration_ms: elapsed_ms(started),
             };
             ctx.outbox.send(id, Message::ExecExit(exit));

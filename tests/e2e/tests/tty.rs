@@ -174,6 +174,31 @@ async fn a_python_repl_at_a_terminal_answers_two_inputs() {
     assert_eq!(exit["exit_code"], 0, "{exit}");
 }
 
+/// A program that cannot start on a terminal is exit code 127 as ever, and the agent's
+/// message comes as terminal output like anything the program would have written to stderr.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_program_on_a_terminal_is_127_with_its_message_as_terminal_output() {
+    if !bwrap_usable("a_missing_program_on_a_terminal_is_127_with_its_message_as_terminal_output") {
+        return;
+    }
+    let stack = std::sync::Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    let session = Session::start(
+        &stack,
+        "exec",
+        json!({
+            "sandbox_id": id,
+            "argv": ["no-such-program"],
+            "tty": {"rows": 24, "cols": 80},
+        }),
+    )
+    .await;
+    let (exit, reply) = session.finish().await;
+    assert_eq!(exit["exit_code"], 127, "{exit}");
+    assert_eq!(exit["stderr_bytes"], 0, "{exit}");
+    assert!(stdout(&reply).contains("command not found"), "{reply}");
+}
+
 /// `run` takes `tty` too: the code runs at a terminal of the size asked.
 #[tokio::test(flavor = "multi_thread")]
 async fn run_takes_a_terminal_too() {
