@@ -1358,3 +1358,57 @@ async fn measure_libkrun_against_bwrap() {
             .map_or(String::new(), |b| format!(", bwrap {}", extra(&b.2, &b.0)))
     );
 }
+
+/// A terminal in a microVM: the agent (PID 1 under libkrun's init) mounts devpts where /dev
+/// has none, and `tty` execs get a terminal of the size asked, resizable.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_in_a_microvm_has_the_size_asked() {
+    let test = "a_terminal_in_a_microvm_has_the_size_asked";
+    let stack = libkrun_stack(json!({})).await;
+    if !microvms_or_refusal(&stack, test).await {
+        return;
+    }
+    let id = create(&stack, "python", json!({})).await;
+    let (out_write, out_read) = channel(&stack).await;
+    let (in_write, in_read) = channel(&stack).await;
+    let mut lines = LineReader::new(&stack, &out_read);
+    let input = iii_sdk::channel::ChannelWriter::new(
+        &stack.engine.url(),
+        &sandbox_support::streams::channel_ref(&in_write),
+    );
+    let fields = json!({
+        "argv": ["/bin/sh", "-c", "stty size; tty; read line; stty size"],
+        "tty": {"rows": 33, "cols": 101},
+        "stream": out_write,
+        "stdin_stream": in_read,
+        "timeout_ms": 120_000,
+    });
+    let call = {
+        let stack_id = id.clone();
+        let stack = &stack;
+        async move { exec(stack, &stack_id, fields).await }
+    };
+    let drive = async {
+        let mut seen = String::new();
+        let mut resized = false;
+        while let Some(line) = lines.next().await {
+            match line {
+                Line::Out(data) => seen.push_str(&String::from_utf8_lossy(&data)),
+                Line::Err(data) => panic!("stderr on a terminal: {data:?}"),
+                Line::Exit(exit) => assert_eq!(exit["exit_code"], 0, "{exit}: {seen:?}"),
+            }
+            if !resized && seen.contains("/dev/pts/") {
+                resized = true;
+                let resize = json!({"resize": {"rows": 44, "cols": 120}}).to_string();
+                input.send_message(&resize).await.expect("resize");
+                input.write(b"go\n").await.expect("input");
+            }
+        }
+        seen
+    };
+    let (reply, seen) = tokio::join!(call, drive);
+    let reply = reply.unwrap_or_else(|e| panic!("tty exec: {e:?}\n{}", stack.adapter.log()));
+    assert_eq!(reply["exit_code"], 0, "{reply}");
+    assert!(seen.starts_with("33 101\r\n/dev/pts/"), "{seen:?}");
+    assert!(seen.contains("44 120\r\n"), "{seen:?}");
+}
