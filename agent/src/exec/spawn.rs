@@ -84,11 +84,16 @@ pub fn spawn(
                     terminal: Some(ends.resize),
                 })
             }
-            (None, None) => Err(request(
-                ErrorCode::SpawnFailed,
-                "the program started without its pipes",
-            )
-            .into()),
+            // Not reachable (launch makes pipes unless given a terminal); should it ever
+            // be, the program is not left running unattended.
+            (None, None) => {
+                crate::sys::kill_group(pid, libc::SIGKILL);
+                Err(request(
+                    ErrorCode::SpawnFailed,
+                    "the program started without its pipes",
+                )
+                .into())
+            }
         },
         Err(e) => match failed_workdir {
             Some(why) => {
