@@ -214,7 +214,8 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((above_stdio(read)?, above_stdio(write)?))
 }
 
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+/// `fd`, or a close-on-exec copy of it above 2 (the copy replaces it).
+pub(super) fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }

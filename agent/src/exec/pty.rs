@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use agent_proto::TtySize;
 
+use super::launch::above_stdio;
 use crate::log::log;
 
 /// A terminal's two ends, both close-on-exec and above the standard descriptors (the
@@ -70,19 +71,6 @@ pub fn set_size(master: &OwnedFd, size: TtySize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one or -1.
-    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-    if moved < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `moved` was just returned by fcntl and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 /// Where `Resize` frames for one exec go. The reader thread holds it from `ExecStart` on;
