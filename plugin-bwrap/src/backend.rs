@@ -255,8 +255,14 @@ impl Backend for BwrapBackend {
             bounded_log::Start::Append,
         )
         .map_err(|e| boot_error("cannot open the sandbox's log", e))?;
+        if spec.persistent_layer && !spec.snapshot_layers.is_empty() {
+            return Err(SandboxError::BackendUnsupported(
+                "a worker VM cannot start from a snapshot".into(),
+            ));
+        }
         let command = LaunchCommand {
             lower: path(&spec.image_root),
+            layers: spec.snapshot_layers.iter().map(|l| path(l)).collect(),
             layer: path(&spec.layer_dir),
             upper,
             work,
@@ -291,6 +297,30 @@ impl Backend for BwrapBackend {
                 log,
             }),
         })
+    }
+
+    async fn capture_layer(
+        &self,
+        process: &dyn sandbox_core::backend::SandboxProcess,
+        layer_dir: &Path,
+        into: &Path,
+        limit_bytes: u64,
+    ) -> Result<u64, SandboxError> {
+        let pid = process
+            .pid()
+            .filter(|_| process.is_alive())
+            .ok_or_else(|| SandboxError::Stopped("the sandbox's process is gone".into()))?;
+        // Where the launcher's mount namespace holds the sandbox's upper directory: on the
+        // layer's tmpfs, in the layer itself or (a root adapter's) its staged idmapped copy.
+        let upper = if self.id_map.needs_idmapped_mounts() {
+            Path::new(crate::launch::STAGE).join("layer")
+        } else {
+            layer_dir.to_path_buf()
+        }
+        .join(disk::DISK_DIR)
+        .join("upper");
+        crate::capture::run_capture(&self.launcher, pid, &upper, into, limit_bytes, self.id_map)
+            .await
     }
 
     fn remove_guest_tree(&self, path: &Path) -> std::io::Result<()> {

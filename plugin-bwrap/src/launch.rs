@@ -18,12 +18,21 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 /// launcher, whose stderr the adapter made a pipe into the log it keeps within its bound.
 pub const LOG_IN_LAUNCHER: &str = "/proc/self/fd/2";
 
+/// Where a root adapter's launcher gathers, in its private mount namespace, the idmapped
+/// copies of what the sandbox sees (see the launcher's `stage_idmapped`): its layer is at
+/// `STAGE/layer`.
+pub const STAGE: &str = "/tmp";
+
 /// Everything the launcher needs once the sandbox is known.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchCommand {
     /// Overlay directories: the image's read-only root, the sandbox's upper and work dirs,
     /// and where the merged root is mounted (in the launcher's private mount namespace).
     pub lower: String,
+    /// Snapshot layers stacked read-only over `lower`, the top-most first (see
+    /// `capture.rs`); empty for a sandbox of the bare image.
+    #[serde(default)]
+    pub layers: Vec<String>,
     /// The sandbox's layer directory (holds upper, work and merged).
     pub layer: String,
     pub upper: String,
@@ -85,7 +94,11 @@ impl LaunchCommand {
     /// `userxattr,lowerdir=..,upperdir=..,workdir=..`, refusing what overlayfs options
     /// cannot carry.
     pub fn overlay_options(&self) -> io::Result<String> {
-        for dir in [&self.lower, &self.upper, &self.work] {
+        for dir in self
+            .layers
+            .iter()
+            .chain([&self.lower, &self.upper, &self.work])
+        {
             if dir.contains([',', ':', '\\', '\0']) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -94,9 +107,15 @@ impl LaunchCommand {
             }
         }
         // Mounted by the sandbox's user namespace: overlay's own xattrs in `user.*`.
+        let mut lower = String::new();
+        for layer in &self.layers {
+            lower.push_str(layer);
+            lower.push(':');
+        }
+        lower.push_str(&self.lower);
         Ok(format!(
-            "userxattr,lowerdir={},upperdir={},workdir={}",
-            self.lower, self.upper, self.work
+            "userxattr,lowerdir={lower},upperdir={},workdir={}",
+            self.upper, self.work
         ))
     }
 }
@@ -113,6 +132,7 @@ mod tests {
     fn command() -> LaunchCommand {
         LaunchCommand {
             lower: "/cache/root".into(),
+            layers: Vec::new(),
             layer: "/state/s".into(),
             upper: "/state/s/upper".into(),
             work: "/state/s/work".into(),
@@ -152,6 +172,16 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_layers_stack_over_the_image_top_most_first() {
+        let mut c = command();
+        c.layers = vec!["/snap/b".into(), "/snap/a".into()];
+        assert_eq!(
+            c.overlay_options().unwrap(),
+            "userxattr,lowerdir=/snap/b:/snap/a:/cache/root,upperdir=/state/s/upper,workdir=/state/s/work"
+        );
+    }
+
+    #[test]
     fn overlay_options_refuse_separators() {
         assert_eq!(
             command().overlay_options().unwrap(),
@@ -160,6 +190,9 @@ mod tests {
         for bad in ["/a,b", "/a:b", "/a\\b"] {
             let mut c = command();
             c.upper = bad.into();
+            assert!(c.overlay_options().is_err(), "{bad}");
+            let mut c = command();
+            c.layers = vec![bad.into()];
             assert!(c.overlay_options().is_err(), "{bad}");
         }
     }

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 mod backend;
+pub mod capture;
 mod cgroup;
 pub mod disk;
 pub mod fuse_disk;

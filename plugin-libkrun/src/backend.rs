@@ -462,6 +462,13 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
+        // The guest's root is one virtio-fs share of the image plus its layer: no stack of
+        // snapshot layers (and this backend captures none, see `Backend::capture_layer`).
+        if !spec.snapshot_layers.is_empty() {
+            return Err(SandboxError::BackendUnsupported(
+                "the libkrun backend cannot start a sandbox from a snapshot".into(),
+            ));
+        }
         let egress = self.egress_for(spec)?;
         self.probe()
             .map_err(|unfit| SandboxError::BootFailed(unfit.to_string()))?;

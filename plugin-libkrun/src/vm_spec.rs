@@ -203,6 +203,7 @@ pub(crate) fn test_boot_spec(dir: &std::path::Path) -> BootSpec {
         agent_path: agent,
         mounts: Vec::new(),
         persistent_layer: false,
+        snapshot_layers: Vec::new(),
     }
 }
 

@@ -54,6 +54,9 @@ pub struct BootSpec {
     /// The writable layer outlives the sandbox (worker VMs): existing upper/work directories
     /// are reused, not refused.
     pub persistent_layer: bool,
+    /// Snapshot layers stacked read-only over the image, the top-most first (a sandbox
+    /// created from a snapshot or by `fork`); empty for a sandbox of the bare image.
+    pub snapshot_layers: Vec<PathBuf>,
 }
 
 /// One entry of [`BootSpec::mounts`], backend-neutral: bwrap turns it into `--bind`/`--tmpfs`
@@ -248,6 +251,24 @@ pub trait Backend: Send + Sync + 'static {
     /// handshake failed); a suffix such as "; console log tail: ...", or empty.
     fn boot_logs(&self, _layer_dir: &Path) -> String {
         String::new()
+    }
+
+    /// Copies the writable layer of the running sandbox held by `process` (booted with
+    /// `layer_dir`) into the empty directory `into`, as a snapshot layer later boots stack
+    /// (see [`BootSpec::snapshot_layers`]); returns the bytes it holds. Past `limit_bytes` it
+    /// stops with [`SandboxError::ResourceLimit`]. The caller has frozen the sandbox when it
+    /// could.
+    async fn capture_layer(
+        &self,
+        _process: &dyn SandboxProcess,
+        _layer_dir: &Path,
+        _into: &Path,
+        _limit_bytes: u64,
+    ) -> Result<u64, SandboxError> {
+        Err(SandboxError::BackendUnsupported(format!(
+            "the {} backend cannot snapshot a sandbox's files",
+            self.name()
+        )))
     }
 
     /// Removes what a sandbox left in `layer_dir` that plain file removal cannot (mounts).

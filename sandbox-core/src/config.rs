@@ -73,7 +73,13 @@ pub struct Config {
     /// How long a sandbox may stay paused before it is stopped: a paused sandbox holds its
     /// memory and slot, so pausing cannot keep them for ever.
     pub max_paused_secs: u64,
+    /// What every snapshot's files together may take on disk (`snapshot::create`, `fork`),
+    /// in MiB; past it S400. 0 turns snapshots and fork off.
+    pub max_snapshot_disk_mb: u64,
 }
+
+/// `max_snapshot_disk_mb` when the configuration names none: 10 GiB.
+pub const DEFAULT_MAX_SNAPSHOT_DISK_MB: u64 = 10 * 1024;
 
 /// `max_paused_secs` when the configuration names none: one hour.
 pub const DEFAULT_MAX_PAUSED_SECS: u64 = 3600;
@@ -113,6 +119,7 @@ impl Default for Config {
             allow_unbounded_sandboxes: false,
             bus: crate::bus::BusConfig::default(),
             max_paused_secs: DEFAULT_MAX_PAUSED_SECS,
+            max_snapshot_disk_mb: DEFAULT_MAX_SNAPSHOT_DISK_MB,
         }
     }
 }
@@ -172,6 +179,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "warm_pool",
     "allow_unbounded_sandboxes",
     "max_paused_secs",
+    "max_snapshot_disk_mb",
     crate::bus::ACCESS_KEY,
     crate::bus::CALL_KEY,
     crate::bus::REGISTER_KEY,
@@ -288,6 +296,8 @@ impl Config {
                 ),
             });
         }
+
+        keys.read("max_snapshot_disk_mb", &mut config.max_snapshot_disk_mb)?;
 
         if let Some(name) = config
             .custom_images

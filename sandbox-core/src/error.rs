@@ -44,6 +44,16 @@ pub enum SandboxError {
     /// the cgroup freezer is out of the adapter's reach): S310.
     #[error("not supported by this backend: {0}")]
     BackendUnsupported(String),
+    /// No snapshot of that name: S601.
+    #[error("no snapshot named `{0}`")]
+    SnapshotNotFound(String),
+    /// A snapshot of that name exists already: S602.
+    #[error("a snapshot named `{0}` exists already; delete it first or pick another name")]
+    SnapshotExists(String),
+    /// A create names a snapshot of another image, or the snapshot's image has changed
+    /// since it was taken: S603.
+    #[error("{0}")]
+    SnapshotImageMismatch(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -86,6 +96,9 @@ impl SandboxError {
             SandboxError::HostPathOutside(_) => ("S501", "host_path_outside_roots"),
             SandboxError::Unsupported(_) => ("S219", "unsupported"),
             SandboxError::BackendUnsupported(_) => ("S310", "backend_unsupported"),
+            SandboxError::SnapshotNotFound(_) => ("S601", "snapshot_not_found"),
+            SandboxError::SnapshotExists(_) => ("S602", "snapshot_exists"),
+            SandboxError::SnapshotImageMismatch(_) => ("S603", "snapshot_image_mismatch"),
             SandboxError::Internal(_) => (plugin_api::error::INTERNAL, "internal_error"),
         }
     }
@@ -179,6 +192,9 @@ mod tests {
             (SandboxError::ResourceLimit("x".into()), "S400"),
             (SandboxError::HostPathOutside("x".into()), "S501"),
             (SandboxError::BackendUnsupported("x".into()), "S310"),
+            (SandboxError::SnapshotNotFound("x".into()), "S601"),
+            (SandboxError::SnapshotExists("x".into()), "S602"),
+            (SandboxError::SnapshotImageMismatch("x".into()), "S603"),
         ];
         for (error, code) in cases {
             assert_eq!(error.to_body().code, code, "{error}");

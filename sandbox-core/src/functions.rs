@@ -63,6 +63,39 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             paused_response(),
         ),
         function(
+            "snapshot::create",
+            "Keep a running sandbox's files (image plus writable layer) as a named template; the sandbox is frozen while they are copied",
+            snapshot_create_request(),
+            snapshot_response(),
+        ),
+        function(
+            "snapshot::list",
+            "The snapshots, and the disk they use against max_snapshot_disk_mb",
+            empty_request(),
+            snapshot_list_response(),
+        ),
+        function(
+            "snapshot::delete",
+            "Delete a snapshot; sandboxes started from it keep running",
+            object(&["name"], json!({"name": snapshot_name_schema()})),
+            object(
+                &["deleted", "name"],
+                json!({"deleted": {"type": "boolean"}, "name": {"type": "string"}}),
+            ),
+        ),
+        function(
+            "fork",
+            "Start count new sandboxes with a running sandbox's files at this moment (all or nothing)",
+            object(
+                &["sandbox_id", "count"],
+                json!({"sandbox_id": uuid_schema(), "count": {"type": "integer", "minimum": 1}}),
+            ),
+            object(
+                &["sandbox_ids"],
+                json!({"sandbox_ids": {"type": "array", "items": uuid_schema()}}),
+            ),
+        ),
+        function(
             "catalog::list",
             "Images that sandboxes may boot",
             empty_request(),
@@ -148,6 +181,44 @@ fn create_request() -> Value {
             },
             "idle_timeout_secs": {"type": "integer", "minimum": 1, "maximum": crate::request::MAX_IDLE_TIMEOUT_SECS},
             "env": env_schema(),
+            "snapshot": {
+                "type": "string",
+                "description": "Start from this snapshot's files (snapshot::create); `image` must be the snapshot's image"
+            },
+        }),
+    )
+}
+
+fn snapshot_name_schema() -> Value {
+    json!({"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"})
+}
+
+fn snapshot_create_request() -> Value {
+    object(
+        &["sandbox_id", "name"],
+        json!({"sandbox_id": uuid_schema(), "name": snapshot_name_schema()}),
+    )
+}
+
+fn snapshot_response() -> Value {
+    object(
+        &["name", "image", "size_bytes", "created_at"],
+        json!({
+            "name": {"type": "string"},
+            "image": {"type": "string"},
+            "size_bytes": {"type": "integer", "minimum": 0},
+            "created_at": {"type": "string", "format": "date-time"},
+        }),
+    )
+}
+
+fn snapshot_list_response() -> Value {
+    object(
+        &["snapshots", "used_bytes", "budget_bytes"],
+        json!({
+            "snapshots": {"type": "array", "items": snapshot_response()},
+            "used_bytes": {"type": "integer", "minimum": 0},
+            "budget_bytes": {"type": "integer", "minimum": 0},
         }),
     )
 }

@@ -41,6 +41,7 @@ mod reaper;
 mod registry;
 pub mod remove_tree;
 pub mod request;
+pub mod snapshots;
 pub mod subordinate;
 mod warm_pool;
 

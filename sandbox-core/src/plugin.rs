@@ -39,16 +39,19 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) pool: warm_pool::WarmPool,
     /// Sandboxes' endpoints of the bus guard (`sandbox_bus_access`).
     pub(crate) buses: crate::bus::Buses,
+    /// Snapshots of sandboxes' files (`snapshot::*`, `fork`).
+    pub(crate) snapshots: crate::snapshots::Snapshots,
 }
 
-/// Closes the state directory's `sandboxes/` and `workers/` to every other host user: 0700,
+/// Closes the state directory's `sandboxes/`, `workers/` and `snapshots/` to every other host
+/// user: 0700,
 /// or 0710 with `group` (the backend's, see [`Backend::state_group`]) allowed through. What a
 /// guest leaves in its layer or `/state` (a setuid copy of a shell, a device node) then lies
 /// beyond their reach, whatever the guest did to the modes inside. Run at each start, so a
 /// state directory made by an older version is closed too.
 fn close_to_others(state_dir: &std::path::Path, group: Option<u32>) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    for dir in ["sandboxes", "workers"] {
+    for dir in ["sandboxes", "workers", "snapshots"] {
         let dir = state_dir.join(dir);
         if let Some(gid) = group {
             std::os::unix::fs::chown(&dir, None, Some(gid))?;
@@ -87,6 +90,14 @@ impl<B: Backend> SandboxPlugin<B> {
                 state_dir.display()
             )
         })?;
+        let snapshots =
+            crate::snapshots::Snapshots::open(&state_dir, config.max_snapshot_disk_mb, &backend)
+                .map_err(|e| {
+                    format!(
+                        "cannot use the snapshots' directory under {}: {e}",
+                        state_dir.display()
+                    )
+                })?;
         close_to_others(&state_dir, backend.state_group())
             .map_err(|e| format!("cannot close {} to other users: {e}", state_dir.display()))?;
         let buses = crate::bus::Buses::new(&config.bus, host.engine_url(), adapter)?;
@@ -104,6 +115,7 @@ impl<B: Backend> SandboxPlugin<B> {
             workers,
             host,
             buses,
+            snapshots,
         });
         reaper::spawn(Arc::downgrade(&plugin));
         warm_pool::spawn(&plugin);
@@ -131,6 +143,10 @@ impl<B: Backend> SandboxPlugin<B> {
             "pause" => ops::pause::pause(&self, payload).await,
             "resume" => ops::pause::resume(&self, payload).await,
             "run" => ops::run::run(&self, payload).await,
+            "snapshot::create" => ops::snapshot::create(&self, payload).await,
+            "snapshot::list" => Ok(ops::snapshot::list(&self)),
+            "snapshot::delete" => ops::snapshot::delete(&self, payload),
+            "fork" => ops::snapshot::fork(&self, payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,
             other => Err(SandboxError::InvalidRequest(format!(

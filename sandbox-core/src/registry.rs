@@ -32,6 +32,9 @@ pub struct Sandbox {
     pub agent: AgentClient,
     pub process: Box<dyn SandboxProcess>,
     pub layer: PathBuf,
+    /// What the sandbox was created with (`fork` repeats it; its snapshot layers are
+    /// released when it stops).
+    pub recipe: crate::ops::create::CreateOptions,
     exec_cap: usize,
     exec_slots: Arc<Semaphore>,
     calls_in_flight: AtomicUsize,
@@ -60,6 +63,7 @@ impl Drop for CallGuard {
 }
 
 pub struct NewSandbox {
+    pub recipe: crate::ops::create::CreateOptions,
     pub id: Uuid,
     pub name: Option<String>,
     pub image: String,
@@ -85,6 +89,7 @@ impl Sandbox {
             agent: new.agent,
             process: new.process,
             layer: new.layer,
+            recipe: new.recipe,
             exec_cap: new.exec_cap,
             exec_slots: Arc::new(Semaphore::new(new.exec_cap)),
             calls_in_flight: AtomicUsize::new(0),

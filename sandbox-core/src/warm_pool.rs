@@ -92,6 +92,7 @@ pub(crate) fn serves(config: &Config, options: &CreateOptions) -> bool {
         && options.memory_mb.unwrap_or(config.default_memory_mb) == config.default_memory_mb
         && !options.network
         && options.network_policy.is_none()
+        && options.layers.is_empty()
 }
 
 /// A booted sandbox waiting for a create; it holds one pool slot of the registry.
@@ -263,6 +264,8 @@ async fn refill_one<B: Backend>(plugin: &Arc<SandboxPlugin<B>>, image: String) {
                 memory_mb: config.default_memory_mb,
                 network: false,
                 egress: config.egress.clone(),
+                layers: &[],
+                image_digest: None,
             };
             boot_sandbox(plugin, boot).await
         }

@@ -6,7 +6,10 @@
 //!
 //! Usage: `sandbox-bwrap-launch --parent PID --id-map MAP [--cgroup-procs FILE]...`, or
 //! `sandbox-bwrap-launch --remove-tree PATH --id-map MAP` to remove a tree a sandbox's ids
-//! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`).
+//! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`), or
+//! `sandbox-bwrap-launch --capture-layer PID UPPER INTO LIMIT --id-map MAP` to copy the
+//! writable layer of the sandbox held by launcher PID into a snapshot's layer (see
+//! `capture.rs`; prints the bytes counted, exits 3 past LIMIT).
 //!
 //! stdout is the agent's channel from the start, so nothing is ever written there. stderr is a
 //! pipe into the sandbox's log, which the adapter keeps within a bound (what it shows in a
@@ -48,6 +51,9 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("--remove-tree") {
         return remove_tree(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("--capture-layer") {
+        return capture_layer(&args[1..]);
+    }
     let setup = prepare(args);
     // SAFETY: fd 0 is this process's stdin, open for its whole life; ManuallyDrop keeps the
     // `File` from closing it, since bwrap inherits it as the agent's input.
@@ -79,6 +85,50 @@ fn remove_tree(args: &[String]) -> ExitCode {
     match entered.and_then(|()| sandbox_core::remove_tree::remove_tree(path)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
+/// `--capture-layer PID UPPER INTO LIMIT --id-map MAP`: UPPER is the sandbox's upper
+/// directory as its launcher's mount namespace names it (reached through that process's
+/// root, never by following a link); INTO an empty directory of the adapter's. An ordinary
+/// user's copy runs as the root of a namespace of the sandbox's map, so the copy's files get
+/// the same host owners; a root adapter's sees and sets the host ids themselves.
+fn capture_layer(args: &[String]) -> ExitCode {
+    let [pid, upper, into, limit, flag, map] = args else {
+        return fail("usage: --capture-layer PID UPPER INTO LIMIT --id-map MAP");
+    };
+    let (Ok(pid), Ok(limit), Some(map)) = (
+        pid.parse::<u32>(),
+        limit.parse::<u64>(),
+        IdMap::parse_arg(map).filter(|_| flag == "--id-map"),
+    ) else {
+        return fail("usage: --capture-layer PID UPPER INTO LIMIT --id-map MAP");
+    };
+    let opened = plugin_bwrap::capture::open_upper(pid, Path::new(upper)).and_then(|from| {
+        let into = plugin_bwrap::capture::open_into(Path::new(into))?;
+        Ok((from, into))
+    });
+    let (from, into) = match opened {
+        Ok(fds) => fds,
+        Err(e) => return fail(&format!("cannot open the layers: {e}")),
+    };
+    if !map.needs_idmapped_mounts() {
+        if let Err(e) = userns::create(map).and_then(|userns| userns::enter(&userns, map)) {
+            return fail(&format!(
+                "cannot enter a namespace of the sandbox's ids: {e}"
+            ));
+        }
+    }
+    match plugin_bwrap::capture::copy_layer(from, into, limit) {
+        Ok(bytes) => {
+            println!("{bytes}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ plugin_bwrap::capture::CaptureError::OverBudget { .. }) => {
+            eprintln!("sandbox-bwrap-launch: {e}");
+            ExitCode::from(plugin_bwrap::capture::OVER_BUDGET_EXIT)
+        }
+        Err(e) => fail(&e.to_string()),
     }
 }
 
@@ -167,6 +217,9 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
     }
     match own_disk.and_then(|d| d.fuse.as_ref()) {
         // The kernel's overlayfs refuses an upper layer on FUSE (see `fuse_disk.rs`).
+        Some(_) if !command.layers.is_empty() => {
+            return Err("a worker VM's disk cannot stack snapshot layers".into())
+        }
         Some(fuse) => {
             let disk = own_disk.map(|d| d.at.as_str()).unwrap_or_default();
             fuse.mount_overlay(
@@ -207,7 +260,7 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
 /// Where a root adapter's launcher gathers what the sandbox sees: a tmpfs of its own private
 /// mount namespace (the host's `/tmp` is untouched), which the sandbox's root may traverse
 /// where the state directory's parents (`/root`, a 0700 temp dir) would stop it.
-const STAGE: &str = "/tmp";
+const STAGE: &str = plugin_bwrap::launch::STAGE;
 
 /// Shows the image root, the sandbox's layer and every bind source to the sandbox through
 /// idmapped copies gathered under [`STAGE`]; the command and bwrap arguments to use instead.
@@ -220,6 +273,13 @@ fn stage_idmapped(
     let lower = idmap_mount::idmapped_clone(Path::new(&command.lower), userns)?;
     // Recursive: the layer's disk image is mounted in it.
     let layer = idmap_mount::idmapped_clone_tree(Path::new(&command.layer), userns)?;
+    // A snapshot's layer holds the sandbox's host ids already (it was copied from a layer the
+    // sandbox's namespace wrote): shown as it is.
+    let snapshot_layers = command
+        .layers
+        .iter()
+        .map(|layer| idmap_mount::plain_clone(Path::new(layer)))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
@@ -251,6 +311,11 @@ fn stage_idmapped(
     };
     let lower = place(&lower, "lower", true)?;
     let layer = place(&layer, "layer", true)?;
+    let layers = snapshot_layers
+        .iter()
+        .enumerate()
+        .map(|(index, tree)| place(tree, &format!("snapshot-{index}"), true))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let in_layer = |path: &str| -> std::io::Result<String> {
         let relative = Path::new(path)
             .strip_prefix(&command.layer)
@@ -270,6 +335,7 @@ fn stage_idmapped(
         work: in_layer(&command.work)?,
         merged: in_layer(&command.merged)?,
         lower,
+        layers,
         layer: layer.clone(),
         ..command.clone()
     };

@@ -260,6 +260,7 @@ fn network_is_given_behind_the_policy_or_refused_never_the_hosts() {
     assert!(backend.egress_for(&plain).unwrap().is_none());
     let worker = BootSpec {
         persistent_layer: true,
+        snapshot_layers: Vec::new(),
         ..spec
     };
     assert!(
@@ -280,6 +281,7 @@ fn a_worker_vms_bus_is_pastas_one_forwarded_port_behind_the_policy() {
     let mut worker = BootSpec {
         network: true,
         persistent_layer: true,
+        snapshot_layers: Vec::new(),
         ..test_boot_spec(dir.path())
     };
     worker.egress.bus = None;

@@ -30,10 +30,12 @@ struct CreateRequest {
     network: Value,
     idle_timeout_secs: Option<u64>,
     env: Option<Value>,
+    snapshot: Option<String>,
 }
 
-/// What a new sandbox should be; shared by `create` and `run`.
-#[derive(Debug, Default)]
+/// What a new sandbox should be; shared by `create`, `run` and `fork` (which repeats the
+/// source's, kept as its recipe).
+#[derive(Debug, Default, Clone)]
 pub struct CreateOptions {
     pub image: String,
     pub cpus: Option<u32>,
@@ -44,6 +46,13 @@ pub struct CreateOptions {
     pub network_policy: Option<Value>,
     pub idle_timeout_secs: Option<u64>,
     pub env: Vec<(String, String)>,
+    /// Snapshot layers to stack over the image, the top-most first, each pinned once for
+    /// this sandbox (see `snapshots.rs`): the create releases the pins if it fails, the
+    /// sandbox's stop once it ends.
+    pub layers: Vec<String>,
+    /// The manifest the layers were taken over (a create from a snapshot refuses another
+    /// version of the image, S603); once booted, the sandbox's own image's.
+    pub image_digest: Option<String>,
 }
 
 pub async fn create<B: Backend>(
@@ -61,7 +70,7 @@ pub async fn create<B: Backend>(
             )))
         }
     };
-    let options = CreateOptions {
+    let mut options = CreateOptions {
         network_policy,
         env: env_pairs(request.env)?,
         image: request.image,
@@ -70,7 +79,22 @@ pub async fn create<B: Backend>(
         name: request.name,
         network,
         idle_timeout_secs: request.idle_timeout_secs,
+        layers: Vec::new(),
+        image_digest: None,
     };
+    if let Some(name) = &request.snapshot {
+        crate::snapshots::check_name(name)?;
+        let snapshot = plugin.snapshots.take(name)?;
+        options.layers = snapshot.layers;
+        options.image_digest = Some(snapshot.image_digest);
+        if snapshot.image != options.image {
+            plugin.snapshots.unpin(&plugin.backend, &options.layers);
+            return Err(SandboxError::SnapshotImageMismatch(format!(
+                "snapshot `{name}` is of image `{}`, the create asks `{}`",
+                snapshot.image, options.image
+            )));
+        }
+    }
     let sandbox = create_sandbox(plugin, options).await?;
     Ok(json!({ "sandbox_id": sandbox.id.to_string(), "image": sandbox.image }))
 }
@@ -79,6 +103,7 @@ pub async fn create_sandbox<B: Backend>(
     plugin: &Arc<SandboxPlugin<B>>,
     options: CreateOptions,
 ) -> Result<Arc<Sandbox>, SandboxError> {
+    let pins = LayerPins::new(plugin, &options.layers);
     let config = &plugin.config;
     let cpus = options.cpus.unwrap_or(config.default_cpus);
     let memory_mb = options.memory_mb.unwrap_or(config.default_memory_mb);
@@ -97,14 +122,6 @@ pub async fn create_sandbox<B: Backend>(
             return Ok(warm_pool::hand_out(plugin, pooled, options));
         }
     }
-    let egress = match &options.network_policy {
-        Some(policy) => config
-            .egress
-            .narrowed(policy)
-            .map_err(SandboxError::InvalidRequest)?,
-        None => config.egress.clone(),
-    };
-
     let reservation = match plugin.registry.reserve() {
         Ok(reservation) => reservation,
         // Pooled sandboxes yield their slots to a create.
@@ -112,12 +129,63 @@ pub async fn create_sandbox<B: Backend>(
             .await
             .ok_or(full)?,
     };
+    let sandbox = boot_reserved(plugin, options, reservation).await?;
+    pins.keep();
+    Ok(sandbox)
+}
+
+/// Releases a failed create's pins of its snapshot layers (see [`CreateOptions::layers`]).
+pub(crate) struct LayerPins<'a, B: Backend> {
+    plugin: &'a SandboxPlugin<B>,
+    layers: Vec<String>,
+}
+
+impl<'a, B: Backend> LayerPins<'a, B> {
+    pub(crate) fn new(plugin: &'a SandboxPlugin<B>, layers: &[String]) -> Self {
+        Self {
+            plugin,
+            layers: layers.to_vec(),
+        }
+    }
+
+    /// The sandbox holds the pins now.
+    pub(crate) fn keep(mut self) {
+        self.layers.clear();
+    }
+}
+
+impl<B: Backend> Drop for LayerPins<'_, B> {
+    fn drop(&mut self) {
+        self.plugin
+            .snapshots
+            .unpin(&self.plugin.backend, &self.layers);
+    }
+}
+
+/// Boots a sandbox of `options` into the slot `reservation` holds (checked already).
+pub(crate) async fn boot_reserved<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    options: CreateOptions,
+    reservation: crate::registry::Reservation<'_>,
+) -> Result<Arc<Sandbox>, SandboxError> {
+    let config = &plugin.config;
+    let cpus = options.cpus.unwrap_or(config.default_cpus);
+    let memory_mb = options.memory_mb.unwrap_or(config.default_memory_mb);
+    let egress = match &options.network_policy {
+        Some(policy) => config
+            .egress
+            .narrowed(policy)
+            .map_err(SandboxError::InvalidRequest)?,
+        None => config.egress.clone(),
+    };
     let boot = Boot {
         image: &options.image,
         cpus,
         memory_mb,
         network: options.network,
         egress,
+        layers: &options.layers,
+        image_digest: options.image_digest.as_deref(),
     };
     let fresh = boot_sandbox(plugin, boot).await?;
     plugin.pool.count_boot_on_create();
@@ -149,6 +217,10 @@ pub(crate) struct Boot<'a> {
     pub memory_mb: u32,
     pub network: bool,
     pub egress: crate::network::Egress,
+    /// Snapshot layers to stack (ids, the top-most first) and the image manifest they were
+    /// taken over.
+    pub layers: &'a [String],
+    pub image_digest: Option<&'a str>,
 }
 
 /// A sandbox booted and greeted by its agent, not yet in the registry.
@@ -175,6 +247,15 @@ pub(crate) async fn boot_sandbox<B: Backend>(
         .await
         .map_err(images::error)?;
     phases.image_ms = phases.lap();
+    if let Some(expected) = boot.image_digest.filter(|d| !d.is_empty()) {
+        if image.manifest_digest != expected {
+            return Err(SandboxError::SnapshotImageMismatch(format!(
+                "image `{}` is now {}, not {expected} that the snapshot was taken over; \
+                 take the snapshot again",
+                boot.image, image.manifest_digest
+            )));
+        }
+    }
     let id = Uuid::new_v4();
     // A sandbox with network reaches the bus only through its guard endpoint, if at all.
     let (bus_line, bus) = plugin.buses.endpoint(id, boot.network)?.unzip();
@@ -198,6 +279,11 @@ pub(crate) async fn boot_sandbox<B: Backend>(
         agent_path: plugin.agent_path.clone(),
         mounts: Vec::new(),
         persistent_layer: false,
+        snapshot_layers: boot
+            .layers
+            .iter()
+            .map(|layer| plugin.snapshots.layer_path(layer))
+            .collect(),
     };
     phases.layer_ms = phases.lap();
     let booted = match plugin.backend.boot(&spec).await {
@@ -262,8 +348,13 @@ pub(crate) fn new_sandbox<B: Backend>(
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.into(), v.into()))
         .collect();
+    let recipe = CreateOptions {
+        image_digest: Some(fresh.image.manifest_digest.clone()),
+        ..options.clone()
+    };
     env.extend(options.env);
     NewSandbox {
+        recipe,
         id: fresh.id,
         name: options.name,
         image: options.image,

@@ -237,6 +237,7 @@ mod tests {
         let (reader, writer) = tokio::io::split(host);
         let agent = AgentClient::connect(reader, writer).await.unwrap();
         registry.reserve().unwrap().insert(NewSandbox {
+            recipe: Default::default(),
             id: uuid::Uuid::new_v4(),
             name: None,
             image: "busybox".into(),

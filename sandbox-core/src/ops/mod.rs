@@ -9,6 +9,7 @@ pub mod list;
 pub mod metrics;
 pub mod pause;
 pub mod run;
+pub mod snapshot;
 pub mod stop;
 pub mod stream;
 pub mod worker;

@@ -57,6 +57,9 @@ pub async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, sandbox: Arc<Sandbo
     sandbox.process.kill().await;
     let killed = started.elapsed();
     plugin.state.remove_layer(&plugin.backend, &sandbox.layer);
+    plugin
+        .snapshots
+        .unpin(&plugin.backend, &sandbox.recipe.layers);
     let ms = |d: Duration| (d.as_secs_f64() * 100_000.0).round() / 100.0;
     // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
     tracing::info!(

@@ -139,6 +139,7 @@ async fn boot<B: Backend>(
         agent_path: plugin.agent_path.clone(),
         mounts,
         persistent_layer: true,
+        snapshot_layers: Vec::new(),
     };
     let booted = plugin.backend.boot(&spec).await?;
     if let Some(pid) = booted.process.pid() {

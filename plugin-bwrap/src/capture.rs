@@ -1,0 +1,529 @@
+//! A snapshot's layer: a copy of a sandbox's writable layer (overlay's upper directory) that
+//! later sandboxes stack, read-only, between the image and their own writable layer.
+//!
+//! The upper directory is overlay's own format, kept as it is: a deleted image file is a
+//! whiteout (a character device 0/0) and a directory that hides the image's is marked by the
+//! `user.overlay.opaque` xattr (the sandbox's overlay is mounted with `userxattr`); both mean
+//! the same in a lower layer. Owners, modes, times, hard links and the guest's own `user.*`
+//! xattrs are kept; sockets and device nodes other than whiteouts are left out (a sandbox cannot
+//! make a real device, and a socket is nothing without its process).
+//!
+//! Everything here is written by the guest, possibly while it runs: every entry is reached
+//! from its directory's descriptor without following a link (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`),
+//! a file is checked to still be the one listed once open, and the copy stops at the byte
+//! budget it was given, counted while it writes.
+//!
+//! Unsafe code: descriptors taken over from `nix`'s raw-fd calls, and the xattr calls `nix`
+//! does not wrap.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::dir::Dir;
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{
+    fchmod, fstat, fstatat, futimens, mkdirat, mknodat, utimensat, FileStat, Mode, SFlag,
+    UtimensatFlags,
+};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{fchown, fchownat, linkat, mkfifoat, symlinkat, Gid, Uid};
+
+/// What each entry costs the budget besides its contents: the inode and directory entry a
+/// layer of many empty files still takes on disk.
+pub const ENTRY_BYTES: u64 = 512;
+
+/// Deeper trees are refused: each level holds two descriptors while its children are copied.
+pub const MAX_DEPTH: usize = 256;
+
+/// Why a copy stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("the layer holds more than the {limit} bytes allowed")]
+    OverBudget { limit: u64 },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(nix::Error) -> CaptureError {
+    let what = what.into();
+    move |e| CaptureError::Io {
+        what,
+        source: io::Error::from(e),
+    }
+}
+
+/// Copies the tree under the directory `from` into the empty directory `into` (the root's
+/// own attributes too); returns the bytes it counted against `limit`.
+pub fn copy_layer(from: OwnedFd, into: OwnedFd, limit: u64) -> Result<u64, CaptureError> {
+    let mut copy = Copy {
+        root: into.as_raw_fd(),
+        limit,
+        used: 0,
+        links: HashMap::new(),
+    };
+    copy.directory(&from, &into, Path::new(""), 0)?;
+    let stat = fstat(from.as_raw_fd()).map_err(io_error("cannot stat the layer's root"))?;
+    copy.attributes(&from, &into, &stat, "/")?;
+    Ok(copy.used)
+}
+
+struct Copy {
+    /// The copy's root directory (borrowed from `copy_layer`'s `into`), for hard links
+    /// named by their path in it.
+    root: RawFd,
+    limit: u64,
+    used: u64,
+    /// Files with more than one link already copied: (device, inode) to their path in the copy.
+    links: HashMap<(u64, u64), PathBuf>,
+}
+
+impl Copy {
+    fn charge(&mut self, bytes: u64) -> Result<(), CaptureError> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limit {
+            return Err(CaptureError::OverBudget { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    fn directory(
+        &mut self,
+        from: &OwnedFd,
+        into: &OwnedFd,
+        at: &Path,
+        depth: usize,
+    ) -> Result<(), CaptureError> {
+        if depth > MAX_DEPTH {
+            return Err(CaptureError::Io {
+                what: format!("/{}", at.display()),
+                source: io::Error::other(format!("deeper than {MAX_DEPTH} directories")),
+            });
+        }
+        let listing = Dir::openat(
+            Some(from.as_raw_fd()),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_error(format!("cannot list /{}", at.display())))?;
+        let mut names = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(io_error(format!("cannot list /{}", at.display())))?;
+            let name = entry.file_name();
+            if name.to_bytes() != b"." && name.to_bytes() != b".." {
+                names.push(name.to_owned());
+            }
+        }
+        for name in names {
+            self.entry(from, into, at, &name, depth)?;
+        }
+        Ok(())
+    }
+
+    fn entry(
+        &mut self,
+        from: &OwnedFd,
+        into: &OwnedFd,
+        at: &Path,
+        name: &CStr,
+        depth: usize,
+    ) -> Result<(), CaptureError> {
+        let path = at.join(OsStr::from_bytes(name.to_bytes()));
+        let shown = format!("/{}", path.display());
+        let stat = match fstatat(Some(from.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            // Removed by the guest since the listing: it is not in the copy.
+            Err(nix::Error::ENOENT) => return Ok(()),
+            Err(e) => return Err(io_error(format!("cannot stat {shown}"))(e)),
+        };
+        self.charge(ENTRY_BYTES)?;
+        let (from_fd, into_fd) = (Some(from.as_raw_fd()), Some(into.as_raw_fd()));
+        let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+        match kind {
+            SFlag::S_IFDIR => {
+                mkdirat(into_fd, name, Mode::from_bits_truncate(0o700))
+                    .map_err(io_error(format!("cannot make {shown}")))?;
+                let open_dir = |dir: RawFd| {
+                    openat(
+                        Some(dir),
+                        name,
+                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )
+                    // SAFETY: openat returned a new descriptor that nothing else owns.
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                };
+                let source =
+                    open_dir(from.as_raw_fd()).map_err(io_error(format!("cannot open {shown}")))?;
+                let target = open_dir(into.as_raw_fd())
+                    .map_err(io_error(format!("cannot open the copy of {shown}")))?;
+                let opened =
+                    fstat(source.as_raw_fd()).map_err(io_error(format!("cannot stat {shown}")))?;
+                self.directory(&source, &target, &path, depth + 1)?;
+                // After its entries: the directory's own mode may forbid writing them, and
+                // writing them changes its times.
+                self.attributes(&source, &target, &opened, &shown)?;
+            }
+            SFlag::S_IFREG => self.file(from, into, name, &path, &stat)?,
+            SFlag::S_IFLNK => {
+                let text =
+                    readlinkat(from_fd, name).map_err(io_error(format!("cannot read {shown}")))?;
+                self.charge(text.len() as u64)?;
+                symlinkat(text.as_os_str(), into_fd, name)
+                    .map_err(io_error(format!("cannot make {shown}")))?;
+                self.owner_and_times_of_entry(into, name, &stat, &shown)?;
+            }
+            // A whiteout: the image's file deleted in the sandbox.
+            SFlag::S_IFCHR if stat.st_rdev == 0 => {
+                mknodat(into_fd, name, SFlag::S_IFCHR, Mode::empty(), 0)
+                    .map_err(io_error(format!("cannot make the whiteout {shown}")))?;
+                self.owner_and_times_of_entry(into, name, &stat, &shown)?;
+            }
+            SFlag::S_IFIFO => {
+                mkfifoat(into_fd, name, Mode::from_bits_truncate(0o600))
+                    .map_err(io_error(format!("cannot make {shown}")))?;
+                self.owner_and_times_of_entry(into, name, &stat, &shown)?;
+                nix::sys::stat::fchmodat(
+                    into_fd,
+                    name,
+                    Mode::from_bits_truncate(stat.st_mode & 0o7777),
+                    nix::sys::stat::FchmodatFlags::FollowSymlink,
+                )
+                .map_err(io_error(format!("cannot set the mode of {shown}")))?;
+            }
+            // Sockets and device nodes that are not whiteouts.
+            _ => {
+                tracing::debug!(path = %shown, "left out of the snapshot: not a file, directory, link or fifo")
+            }
+        }
+        Ok(())
+    }
+
+    fn file(
+        &mut self,
+        from: &OwnedFd,
+        into: &OwnedFd,
+        name: &CStr,
+        path: &Path,
+        stat: &FileStat,
+    ) -> Result<(), CaptureError> {
+        let shown = format!("/{}", path.display());
+        let identity = (stat.st_dev, stat.st_ino);
+        if stat.st_nlink > 1 {
+            if let Some(first) = self.links.get(&identity) {
+                let first =
+                    CString::new(first.as_os_str().as_bytes()).map_err(|e| CaptureError::Io {
+                        what: shown.clone(),
+                        source: io::Error::other(e),
+                    })?;
+                let here =
+                    CString::new(path.as_os_str().as_bytes()).map_err(|e| CaptureError::Io {
+                        what: shown.clone(),
+                        source: io::Error::other(e),
+                    })?;
+                return linkat(
+                    Some(self.root),
+                    first.as_c_str(),
+                    Some(self.root),
+                    here.as_c_str(),
+                    AtFlags::empty(),
+                )
+                .map_err(io_error(format!("cannot link {shown}")));
+            }
+        }
+        // O_NONBLOCK: a fifo swapped in since the stat must not hold the copy.
+        let source = openat(
+            Some(from.as_raw_fd()),
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_error(format!("cannot open {shown}")))?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        let source = unsafe { File::from_raw_fd(source) };
+        let opened = fstat(source.as_raw_fd()).map_err(io_error(format!("cannot stat {shown}")))?;
+        if (opened.st_dev, opened.st_ino) != identity
+            || SFlag::from_bits_truncate(opened.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG
+        {
+            // Replaced by the guest since the listing: copied as it is now.
+            return Ok(());
+        }
+        let target = openat(
+            Some(into.as_raw_fd()),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(io_error(format!("cannot make {shown}")))?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        let mut target = unsafe { File::from_raw_fd(target) };
+        let room = self.limit.saturating_sub(self.used);
+        let copied = io::copy(&mut (&source).take(room.saturating_add(1)), &mut target).map_err(
+            |source| CaptureError::Io {
+                what: format!("cannot copy {shown}"),
+                source,
+            },
+        )?;
+        self.charge(copied)?;
+        let (source, target) = (OwnedFd::from(source), OwnedFd::from(target));
+        self.attributes(&source, &target, &opened, &shown)?;
+        if opened.st_nlink > 1 {
+            self.links.insert(identity, path.to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Owner, mode, times and `user.*` xattrs of an open directory or regular file.
+    fn attributes(
+        &mut self,
+        from: &OwnedFd,
+        into: &OwnedFd,
+        stat: &FileStat,
+        shown: &str,
+    ) -> Result<(), CaptureError> {
+        self.xattrs(from, into, shown)?;
+        fchown(
+            into.as_raw_fd(),
+            Some(Uid::from_raw(stat.st_uid)),
+            Some(Gid::from_raw(stat.st_gid)),
+        )
+        .map_err(io_error(format!("cannot set the owner of {shown}")))?;
+        // After the owner: a change of owner clears the set-id bits.
+        fchmod(
+            into.as_raw_fd(),
+            Mode::from_bits_truncate(stat.st_mode & 0o7777),
+        )
+        .map_err(io_error(format!("cannot set the mode of {shown}")))?;
+        futimens(into.as_raw_fd(), &atime(stat), &mtime(stat))
+            .map_err(io_error(format!("cannot set the times of {shown}")))
+    }
+
+    fn owner_and_times_of_entry(
+        &mut self,
+        into: &OwnedFd,
+        name: &CStr,
+        stat: &FileStat,
+        shown: &str,
+    ) -> Result<(), CaptureError> {
+        fchownat(
+            Some(into.as_raw_fd()),
+            name,
+            Some(Uid::from_raw(stat.st_uid)),
+            Some(Gid::from_raw(stat.st_gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(io_error(format!("cannot set the owner of {shown}")))?;
+        utimensat(
+            Some(into.as_raw_fd()),
+            name,
+            &atime(stat),
+            &mtime(stat),
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(io_error(format!("cannot set the times of {shown}")))
+    }
+
+    /// Copies the `user.*` xattrs: the guest's own and overlay's opaque mark. Overlay's
+    /// other marks (`origin`, `impure`) describe the sandbox's own upper directory and
+    /// mean nothing in a lower layer.
+    fn xattrs(&mut self, from: &OwnedFd, into: &OwnedFd, shown: &str) -> Result<(), CaptureError> {
+        for name in list_xattrs(from).map_err(|source| CaptureError::Io {
+            what: format!("cannot list the xattrs of {shown}"),
+            source,
+        })? {
+            let bytes = name.to_bytes();
+            let overlay_mark = bytes.starts_with(b"user.overlay.");
+            if !bytes.starts_with(b"user.") || (overlay_mark && bytes != b"user.overlay.opaque") {
+                continue;
+            }
+            let Some(value) = get_xattr(from, &name).map_err(|source| CaptureError::Io {
+                what: format!("cannot read an xattr of {shown}"),
+                source,
+            })?
+            else {
+                continue;
+            };
+            self.charge((bytes.len() + value.len()) as u64)?;
+            set_xattr(into, &name, &value).map_err(|source| CaptureError::Io {
+                what: format!("cannot set an xattr of {shown}"),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn atime(stat: &FileStat) -> TimeSpec {
+    TimeSpec::new(stat.st_atime, stat.st_atime_nsec)
+}
+
+fn mtime(stat: &FileStat) -> TimeSpec {
+    TimeSpec::new(stat.st_mtime, stat.st_mtime_nsec)
+}
+
+/// Most xattr names and values a file may have on Linux.
+const XATTR_MAX: usize = 64 * 1024;
+
+fn list_xattrs(fd: &OwnedFd) -> io::Result<Vec<CString>> {
+    let mut buffer = vec![0u8; XATTR_MAX];
+    // SAFETY: the buffer is valid for writes of its length for the whole call.
+    let length =
+        unsafe { libc::flistxattr(fd.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
+    if length < 0 {
+        let error = io::Error::last_os_error();
+        // A filesystem without xattrs has none to copy.
+        if error.raw_os_error() == Some(libc::ENOTSUP) {
+            return Ok(Vec::new());
+        }
+        return Err(error);
+    }
+    buffer.truncate(length as usize);
+    Ok(buffer
+        .split(|b| *b == 0)
+        .filter(|name| !name.is_empty())
+        .filter_map(|name| CString::new(name).ok())
+        .collect())
+}
+
+fn get_xattr(fd: &OwnedFd, name: &CStr) -> io::Result<Option<Vec<u8>>> {
+    let mut value = vec![0u8; XATTR_MAX];
+    // SAFETY: `name` is NUL-terminated and the buffer is valid for writes of its length.
+    let length = unsafe {
+        libc::fgetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    if length < 0 {
+        let error = io::Error::last_os_error();
+        // Removed by the guest since the listing.
+        if error.raw_os_error() == Some(libc::ENODATA) {
+            return Ok(None);
+        }
+        return Err(error);
+    }
+    value.truncate(length as usize);
+    Ok(Some(value))
+}
+
+fn set_xattr(fd: &OwnedFd, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and `value` is valid for reads of its length.
+    let done = unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if done < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// How `sandbox-bwrap-launch --capture-layer` says the layer is over its budget.
+pub const OVER_BUDGET_EXIT: u8 = 3;
+
+/// The upper directory `upper` of the sandbox whose launcher is `pid`, as that process's
+/// mount namespace shows it (a root adapter's layer is staged, a tmpfs holds the upper
+/// directory): reached through `/proc/PID/root` with no link followed past it.
+pub fn open_upper(pid: u32, upper: &Path) -> io::Result<OwnedFd> {
+    let root = File::open(format!("/proc/{pid}/root"))?;
+    let relative = upper.strip_prefix("/").unwrap_or(upper);
+    let how = nix::fcntl::OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(
+            nix::fcntl::ResolveFlag::RESOLVE_BENEATH
+                | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS
+                | nix::fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+    let fd = nix::fcntl::openat2(root.as_raw_fd(), relative, how)?;
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The empty directory the copy goes into (made by the adapter, never by a guest).
+pub fn open_into(into: &Path) -> io::Result<OwnedFd> {
+    let fd = nix::fcntl::open(
+        into,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// How long a copy may take: a sandbox's layer is bounded by its disk, so only a host under
+/// heavy load gets near it.
+const CAPTURE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Copies the sandbox's upper directory `upper` (as the mount namespace of its launcher `pid`
+/// names it) into `into` in a process of its own (`sandbox-bwrap-launch --capture-layer`),
+/// run as the sandbox's ids where the adapter's user could not give the copy their owners.
+pub async fn run_capture(
+    launcher: &Path,
+    pid: u32,
+    upper: &Path,
+    into: &Path,
+    limit: u64,
+    map: crate::userns::IdMap,
+) -> Result<u64, sandbox_core::SandboxError> {
+    use sandbox_core::SandboxError;
+    let copy = tokio::process::Command::new(launcher)
+        .arg("--capture-layer")
+        .arg(pid.to_string())
+        .arg(upper)
+        .arg(into)
+        .arg(limit.to_string())
+        .args(["--id-map", &map.to_arg()])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = match tokio::time::timeout(CAPTURE_TIMEOUT, copy).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(e)) => {
+            return Err(SandboxError::Internal(format!(
+                "cannot start {} to copy the sandbox's files: {e}",
+                launcher.display()
+            )))
+        }
+        Err(_) => {
+            return Err(SandboxError::Internal(format!(
+                "copying the sandbox's files took over {} s",
+                CAPTURE_TIMEOUT.as_secs()
+            )))
+        }
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr.trim();
+    if output.status.code() == Some(i32::from(OVER_BUDGET_EXIT)) {
+        return Err(SandboxError::ResourceLimit(format!(
+            "the sandbox's files are over what `max_snapshot_disk_mb` has left ({limit} bytes)"
+        )));
+    }
+    if !output.status.success() {
+        return Err(SandboxError::Internal(format!(
+            "copying the sandbox's files failed ({}): {stderr}",
+            output.status
+        )));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| SandboxError::Internal("the copy did not say its size".into()))
+}
