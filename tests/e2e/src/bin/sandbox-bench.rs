@@ -754,6 +754,7 @@ async fn bench(options: Options) -> BenchResult<()> {
         }
     }
     let download = download_rows(&stack, rounds).await?;
+    let snapshots = snapshot_rows(&stack, n, rounds).await;
     drop(baselines);
     drop(stack);
     let warm_pool = warm_pool_row(&profile, &agent, n, &root).await;
@@ -869,6 +870,7 @@ async fn bench(options: Options) -> BenchResult<()> {
         .note("the gate (a namespace and a veth pair behind the sandbox), its nftables policy, pasta and its readiness wait"),
     ];
     rows.extend(download);
+    rows.extend(snapshots);
     rows.extend(bus);
     rows.push(
         Row::single("adapter RSS, idle", "MiB", idle_rss)
@@ -913,6 +915,110 @@ async fn bench(options: Options) -> BenchResult<()> {
         png.display()
     );
     Ok(())
+}
+
+/// Sandboxes from a snapshot of one that installed files (about 8 MiB in 200 files under
+/// `/opt/deps`) against cold creates, interleaved: create -> first exec (python) for each of
+/// `n` iterations, and `fork` of 8 against 8 creates in parallel for `rounds` rounds.
+async fn snapshot_rows(stack: &Stack, n: usize, rounds: usize) -> Vec<Row> {
+    const FROM_SNAPSHOT: &str = "create from snapshot -> first exec";
+    const FORK: &str = "fork 8";
+    match snapshot_samples(stack, n, rounds).await {
+        Ok(samples) => vec![
+            Row::timed(
+                FROM_SNAPSHOT,
+                samples.from_snapshot,
+                "create -> first exec, cold",
+                samples.cold,
+            )
+            .note("python3 -c print(6*7) in a sandbox from a snapshot of ~8 MiB in 200 files"),
+            Row::timed(FORK, samples.fork, "8 cold creates in parallel", samples.creates)
+                .note(format!(
+                    "{rounds} rounds; the copy of the source's layer (~8 MiB) once, then 8 boots; snapshot::create of it {:.2} ms",
+                    bench_report::median(&samples.capture).unwrap_or(f64::NAN)
+                )),
+        ],
+        Err(e) => vec![
+            Row::missing(FROM_SNAPSHOT, &format!("not available: {e}")),
+            Row::missing(FORK, &format!("not available: {e}")),
+        ],
+    }
+}
+
+#[derive(Default)]
+struct SnapshotSamples {
+    from_snapshot: Vec<f64>,
+    cold: Vec<f64>,
+    fork: Vec<f64>,
+    creates: Vec<f64>,
+    capture: Vec<f64>,
+}
+
+async fn snapshot_samples(stack: &Stack, n: usize, rounds: usize) -> BenchResult<SnapshotSamples> {
+    const FORKED: usize = 8;
+    let py = ["python3", "-c", "print(6*7)"];
+    let source = stack.create().await?;
+    let install = "import os\nos.makedirs('/opt/deps', exist_ok=True)\n\
+        for i in range(200):\n    open(f'/opt/deps/m{i}.py', 'wb').write(os.urandom(40960))\n";
+    stack.exec(&source, &["python3", "-c", install]).await?;
+    let mut samples = SnapshotSamples::default();
+    let started = Instant::now();
+    stack
+        .call(
+            "snapshot::create",
+            json!({"sandbox_id": source, "name": "bench"}),
+        )
+        .await?;
+    samples.capture.push(ms(started.elapsed()));
+    for _ in 0..n {
+        for from_snapshot in [true, false] {
+            let payload = if from_snapshot {
+                json!({"image": "python", "snapshot": "bench"})
+            } else {
+                json!({"image": "python"})
+            };
+            let started = Instant::now();
+            let id = stack.create_with(payload).await?;
+            stack.exec(&id, &py).await?;
+            let took = ms(started.elapsed());
+            stack.stop(&id).await?;
+            if from_snapshot {
+                samples.from_snapshot.push(took);
+            } else {
+                samples.cold.push(took);
+            }
+        }
+    }
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let forked = stack
+            .call("fork", json!({"sandbox_id": source, "count": FORKED}))
+            .await?;
+        samples.fork.push(ms(started.elapsed()));
+        let ids: Vec<String> = forked["sandbox_ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for stopped in futures::future::join_all(ids.iter().map(|id| stack.stop(id))).await {
+            stopped?;
+        }
+        let started = Instant::now();
+        let created = futures::future::join_all((0..FORKED).map(|_| stack.create())).await;
+        samples.creates.push(ms(started.elapsed()));
+        let ids: Vec<String> = created.into_iter().collect::<BenchResult<_>>()?;
+        for stopped in futures::future::join_all(ids.iter().map(|id| stack.stop(id))).await {
+            stopped?;
+        }
+    }
+    stack.stop(&source).await?;
+    stack
+        .call("snapshot::delete", json!({"name": "bench"}))
+        .await?;
+    Ok(samples)
 }
 
 /// Create -> first exec with `warm_pool: {python: 2}`, against bare bwrap in the same run:
