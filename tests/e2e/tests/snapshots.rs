@@ -377,3 +377,109 @@ async fn fork_starts_copies_that_see_the_sources_files_all_or_nothing() {
         "the fork's layer goes with its last sandbox"
     );
 }
+
+/// Every regular file's contents under `dir`, without following a link.
+fn contents_under(dir: &std::path::Path) -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let kind = entry.file_type().expect("file type");
+        if kind.is_dir() {
+            all.push_str(&contents_under(&entry.path()));
+        } else if kind.is_file() {
+            all.push_str(&String::from_utf8_lossy(
+                &std::fs::read(entry.path()).unwrap_or_default(),
+            ));
+        }
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guests_links_fifos_and_sparse_files_never_lead_the_copy_out_or_past_its_budget() {
+    use std::os::unix::fs::FileTypeExt;
+    let test = "a_guests_links_fifos_and_sparse_files_never_lead_the_copy_out_or_past_its_budget";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let host = e2e_tests::host_dir();
+    let canary = sandbox_support::Canary::plant(host.path(), "secret");
+    let target = canary.path.display().to_string();
+    let stack = Stack::start(json!({"max_snapshot_disk_mb": 32}), Default::default()).await;
+    let id = create(&stack, "python", json!({})).await;
+    // Links a copy run on the host would follow to the host's file, a fifo that would hold a
+    // reader, a link to the root.
+    let plant = format!(
+        "set -e; mkdir -p /opt/bait; cd /opt/bait; ln -s {target} to-host; \
+         ln -s /proc/self/root{target} via-proc; ln -s / root-link; busybox mkfifo fifo; \
+         mkdir -p {parent}; ln -s {target} {target}-link; echo planted",
+        parent = host.path().display()
+    );
+    assert_eq!(stdout_of(&stack, &id, &plant).await, "planted\n");
+    let taken = stack
+        .call(
+            "snapshot::create",
+            json!({"sandbox_id": id, "name": "bait"}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("snapshot: {e:?}\n{}", stack.adapter.log()));
+    let layers = stack.state_dir.path().join("snapshots/layers");
+    let layer = std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_type().unwrap().is_dir())
+        .expect("the snapshot's layer")
+        .path();
+    let bait = layer.join("opt/bait");
+    assert_eq!(
+        std::fs::read_link(bait.join("to-host"))
+            .unwrap()
+            .display()
+            .to_string(),
+        target
+    );
+    assert_eq!(
+        std::fs::read_link(bait.join("root-link"))
+            .unwrap()
+            .display()
+            .to_string(),
+        "/"
+    );
+    assert!(std::fs::symlink_metadata(bait.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    canary.assert_untouched_when("after the copy");
+    canary.assert_not_in(&contents_under(&layer), "the snapshot's files");
+    canary.assert_not_in(&taken.to_string(), "the reply");
+    // A sandbox from it has the links as links, pointing at nothing of the host.
+    let copy = create(&stack, "python", json!({"snapshot": "bait"})).await;
+    let out = stdout_of(
+        &stack,
+        &copy,
+        "busybox readlink /opt/bait/to-host; cat /opt/bait/to-host 2>/dev/null || echo unreadable",
+    )
+    .await;
+    assert_eq!(out, format!("{target}\nunreadable\n"));
+
+    // 100 GiB of holes: the copy stops at the budget instead of writing them out.
+    let out = stdout_of(
+        &stack,
+        &id,
+        "busybox truncate -s 100G /opt/sparse && echo sparse",
+    )
+    .await;
+    assert_eq!(out, "sparse\n");
+    let (code, _) = expect_err(
+        stack
+            .call(
+                "snapshot::create",
+                json!({"sandbox_id": id, "name": "sparse"}),
+            )
+            .await,
+        "a sparse file past the budget",
+    );
+    assert_eq!(code, "S400");
+    let list = stack.call("snapshot::list", json!({})).await.expect("list");
+    assert_eq!(listed(&list), ["bait"]);
+    canary.assert_untouched();
+}
