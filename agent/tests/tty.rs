@@ -155,12 +155,14 @@ async fn a_program_that_never_reads_or_stdin_closed_early_ends_at_the_deadline()
 #[tokio::test]
 async fn ctrl_c_typed_at_the_terminal_interrupts_the_foreground_program() {
     let agent = start_agent().await;
-    let mut s = on_tty("exec sleep 30", 24, 80);
+    let mut s = on_tty("echo ready; exec sleep 30", 24, 80);
     s.timeout_ms = 20_000;
-    let flow = agent.client.exec_flow(&s, true, WINDOW).await.unwrap();
+    let mut flow = agent.client.exec_flow(&s, true, WINDOW).await.unwrap();
     // The line discipline turns ^C into SIGINT for the terminal's foreground group, which
-    // is the program's own (its session).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // is the program's own (its session): typed once the program runs, so that the
+    // terminal has a foreground group to signal (a fixed wait lost the ^C on a loaded host).
+    let mut got = String::new();
+    read_until(&mut flow, &mut got, "ready").await;
     assert!(flow.handle.stdin(b"\x03").await.unwrap());
     let exit = flow.exit.wait().await.unwrap();
     assert_eq!(
