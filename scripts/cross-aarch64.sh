@@ -30,8 +30,9 @@ chroot_dir=$cross/trixie
 runtime=$cross/bookworm-arm64
 arm64_root=$cross/bookworm-arm64-root
 # What the arm64 root holds: python3 and busybox-static make the tests' aarch64 python image
-# (tests/fixtures/mkimage.py run there); the rest is what the adapter's bwrap plugin uses.
-arm64_packages=python3,busybox-static,bubblewrap,passt,uidmap,iproute2,kmod,fuse-overlayfs,fuse2fs,libc-bin,file,procps
+# (tests/fixtures/mkimage.py run there); the rest is what the adapter's bwrap plugin uses
+# (its image client wants the system's CA certificates).
+arm64_packages=python3,busybox-static,ca-certificates,bubblewrap,passt,uidmap,iproute2,kmod,fuse-overlayfs,fuse2fs,libc-bin,file,procps
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 log() { echo "cross-aarch64: $(date -u +%H:%M:%S) $*" >&2; }
