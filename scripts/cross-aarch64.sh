@@ -9,11 +9,12 @@
 #                                           busybox-static, bubblewrap, ...), prints its path
 #   scripts/cross-aarch64.sh arm64-run CMD  run CMD in that root, emulated through binfmt
 #
-# What it is: a trixie chroot (debootstrap, about a minute) under target/cross/trixie with
-# trixie's rustc-web/cargo-web (1.96; bookworm's 1.85 is older than the locked crates allow),
-# the aarch64 standard library (libstd-rust-web-dev:arm64) and gcc-aarch64-linux-gnu. The cross
-# C library under /usr/aarch64-linux-gnu is bookworm's (glibc 2.36), not trixie's (2.41): what
-# links against it runs on bookworm and later, as the x86_64 build does. Crates come from the
+# What it is: a trixie chroot (debootstrap and packages, about 90 s here) under
+# target/cross/trixie with trixie's rustc-web/cargo-web (1.96; bookworm's 1.85 is older than
+# the locked crates allow), the aarch64 standard library (libstd-rust-web-dev:arm64) and
+# bookworm's gcc-aarch64-linux-gnu (gcc 12) with its cross C library (glibc 2.36), not
+# trixie's (2.41): what links against it runs on bookworm and later, as the x86_64 build
+# does (the binaries ask for glibc 2.34 at most). Crates come from the
 # host's cargo registry (bind-mounted, `cargo fetch`ed on the host first), so the chroot needs
 # no crates.io. Each step leaves a marker file; a step whose marker exists is skipped.
 #

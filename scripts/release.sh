@@ -28,7 +28,8 @@
 #                              links them and compiles the static guest init. The static agent
 #                              builds in a target directory of its own (its RUSTFLAGS differ,
 #                              and would otherwise rebuild the parts' crates over and over).
-#                              About 25 minutes cold at -j1 on this project's 2-core machine.
+#                              About 31 minutes cold (CARGO_BUILD_JOBS=2, nice 10, on a
+#                              2-core machine another build shared), toolchain not counted.
 #   aarch64-apple-darwin       would need: a macOS build machine (libkrun there runs on
 #                              Hypervisor.framework, with libkrunfw built for macOS); no bwrap
 #                              plugin (no bubblewrap on macOS) and the plugin named .dylib; the
