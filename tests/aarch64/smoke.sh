@@ -13,7 +13,8 @@
 # through the engine on an aarch64 python image (see below); a second start rewrites nothing;
 # a tampered plugin and agent are replaced on the next start; the libkrun plugin starts and
 # its probe refuses (no aarch64 KVM here); the agent's own tests, built for aarch64 in debug
-# in the cross chroot, pass under emulation.
+# in the cross chroot, pass under emulation, but for two exec tests qemu-user cannot run
+# (tests/aarch64/system.sh runs them in an emulated aarch64 machine).
 #
 # print(6*7) cannot run under qemu-user: the bwrap launcher's unshare(CLONE_NEWUSER) fails
 # with EINVAL, since the kernel refuses a new user namespace to a multithreaded process and
@@ -209,6 +210,11 @@ stop_adapter
 if [ "${SMOKE_SKIP_AGENT_TESTS:-0}" != 1 ]; then
   phase "the agent's own tests, aarch64 debug build, under emulation"
   # Debug: target/aarch64-unknown-linux-gnu/debug, apart from the archive's release parts.
+  # Two exec tests are left to tests/aarch64/system.sh, where they pass: under qemu-user a
+  # program that cannot be executed comes back as a child exiting 127 with no error (qemu-user
+  # runs a CLONE_VM|CLONE_VFORK clone as a plain fork, so an exec error the child leaves in
+  # shared memory never reaches the parent), not as the agent's 126/127 with its message.
+  echo "  SKIPPED here, run by tests/aarch64/system.sh: exec's missing_program_is_127_and_non_executable_is_126, a_name_is_looked_up_in_the_programs_own_path_like_execvp"
   # The static agent release.sh built (its own target directory) serves the empty-root test.
   static=${CARGO_TARGET_DIR:-$root/target}/static-agent/$target/release/sandbox-agent
   [ -f "$static" ] || static=
@@ -219,8 +225,11 @@ if [ "${SMOKE_SKIP_AGENT_TESTS:-0}" != 1 ]; then
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
     ${CARGO_BUILD_JOBS:+CARGO_BUILD_JOBS=$CARGO_BUILD_JOBS} \
     cargo test --manifest-path "$root/Cargo.toml" --target $target --no-fail-fast \
-    -p agent-proto -p sandbox-agent --features agent-proto/client 2>&1 |
-    tee "$work/agent-tests.log" | grep -E '^test result|FAILED|panicked|SKIPPED|^error' || true
+    -p agent-proto -p sandbox-agent --features agent-proto/client -- \
+    --skip missing_program_is_127_and_non_executable_is_126 \
+    --skip a_name_is_looked_up_in_the_programs_own_path_like_execvp >"$work/agent-tests.log" 2>&1 || true
+  # A file, not a pipe: an agent a failed test leaves behind would hold a pipe open forever.
+  grep -E '^test result|FAILED|panicked|SKIPPED|^error' "$work/agent-tests.log" || true
   grep -q '^test result: FAILED\|^error' "$work/agent-tests.log" && fail "agent tests failed"
   grep -q '^test result: ok' "$work/agent-tests.log" || fail "agent tests did not run"
 fi
