@@ -211,9 +211,9 @@ if [ "${SMOKE_SKIP_AGENT_TESTS:-0}" != 1 ]; then
   phase "the agent's own tests, aarch64 debug build, under emulation"
   # Debug: target/aarch64-unknown-linux-gnu/debug, apart from the archive's release parts.
   # Two exec tests are left to tests/aarch64/system.sh, where they pass: under qemu-user a
-  # program that cannot be executed comes back as a child exiting 127 with no error (qemu-user
-  # runs a CLONE_VM|CLONE_VFORK clone as a plain fork, so an exec error the child leaves in
-  # shared memory never reaches the parent), not as the agent's 126/127 with its message.
+  # program that cannot be executed comes back as a child exiting 127 with no error (most
+  # likely qemu-user running a CLONE_VM|CLONE_VFORK clone as a plain fork, so an exec error the
+  # child leaves in shared memory never reaches the parent), not as the agent's 126/127.
   echo "  SKIPPED here, run by tests/aarch64/system.sh: exec's missing_program_is_127_and_non_executable_is_126, a_name_is_looked_up_in_the_programs_own_path_like_execvp"
   # The static agent release.sh built (its own target directory) serves the empty-root test.
   static=${CARGO_TARGET_DIR:-$root/target}/static-agent/$target/release/sandbox-agent
