@@ -2,10 +2,11 @@
 # Builds sandbox-agent as a static x86_64 (or aarch64) glibc binary and prints its path.
 # Guest images may have another libc or none, so the agent must not link dynamically.
 # Usage: agent/build-static.sh [--debug]   (honours CARGO_TARGET_DIR)
+# SANDBOX_AGENT_TARGET names another target than this host's (a cross build: the linker and C
+# compiler then come from CARGO_TARGET_<TARGET>_LINKER and CC_<target>, as cargo reads them).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-arch=$(uname -m)
-target="$arch-unknown-linux-gnu"
+target=${SANDBOX_AGENT_TARGET:-$(uname -m)-unknown-linux-gnu}
 profile=release
 flag=--release
 if [ "${1:-}" = "--debug" ]; then

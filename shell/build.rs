@@ -24,6 +24,9 @@ struct File {
 }
 
 fn main() {
+    // The startup log names the target, so a log says which release archive is installed.
+    let target = std::env::var("TARGET").expect("cargo sets TARGET");
+    println!("cargo:rustc-env=SANDBOX_TARGET={target}");
     println!("cargo:rerun-if-env-changed={DIR_VAR}");
     println!("cargo:rerun-if-env-changed={ENV_VAR}");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("embedded.rs");

@@ -6,7 +6,14 @@ use std::process::Command;
 
 fn main() {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    // The guest programs run in the guest, whose architecture is the target's: a cross build
+    // names its C compiler the way the cc crate reads it (CC_<target>, TARGET_CC), before CC.
+    let target = std::env::var("TARGET").expect("cargo sets TARGET");
+    let target_cc = format!("CC_{}", target.replace('-', "_"));
+    let cc = [target_cc.as_str(), "TARGET_CC", "CC"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok())
+        .unwrap_or_else(|| "cc".to_owned());
     for name in ["vm-init", "vsock-helper"] {
         let source = PathBuf::from("guest").join(format!("{name}.c"));
         println!("cargo:rerun-if-changed={}", source.display());
@@ -22,5 +29,7 @@ fn main() {
             source.display()
         );
     }
-    println!("cargo:rerun-if-env-changed=CC");
+    for var in [target_cc.as_str(), "TARGET_CC", "CC"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
 }

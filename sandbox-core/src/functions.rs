@@ -396,6 +396,7 @@ fn info_response() -> Value {
         &[
             "adapter",
             "adapter_version",
+            "target",
             "contract",
             "features",
             "backend",
@@ -403,6 +404,7 @@ fn info_response() -> Value {
         json!({
             "adapter": {"type": "string"},
             "adapter_version": {"type": "string"},
+            "target": {"type": "string"},
             "contract": object(&["major", "minor"], json!({"major": {"type": "integer"}, "minor": {"type": "integer"}})),
             "features": {"type": "array", "items": {"type": "string"}},
             "backend": object(&["name", "ready"], json!({

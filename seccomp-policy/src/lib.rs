@@ -29,7 +29,7 @@ pub enum Error {
 /// kernel, with a long record of privilege escalations, that no seccomp filter can see
 /// into: Docker's and podman's defaults refuse it too). They fail with EPERM.
 pub fn denied_syscalls() -> Vec<libc::c_long> {
-    let mut list = vec![
+    let list = vec![
         libc::SYS_kexec_load,
         libc::SYS_kexec_file_load,
         libc::SYS_init_module,
@@ -68,7 +68,7 @@ pub fn denied_syscalls() -> Vec<libc::c_long> {
     ];
     // Port I/O exists on x86 only.
     #[cfg(target_arch = "x86_64")]
-    list.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    let list = [list, vec![libc::SYS_iopl, libc::SYS_ioperm]].concat();
     list
 }
 
@@ -212,9 +212,9 @@ pub(crate) fn x32_filter() -> BpfProgram {
 /// The filters for this machine's architecture, in the order they are installed.
 pub fn programs() -> Result<Vec<BpfProgram>, Error> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)?;
-    let mut programs = vec![eperm_filter(arch)?, clone3_filter(arch)?];
+    let programs = vec![eperm_filter(arch)?, clone3_filter(arch)?];
     #[cfg(target_arch = "x86_64")]
-    programs.push(x32_filter());
+    let programs = [programs, vec![x32_filter()]].concat();
     Ok(programs)
 }
 

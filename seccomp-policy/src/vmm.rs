@@ -26,7 +26,7 @@ use crate::{arg, arg0, clone3_filter, Error, SOCK_TYPE_MASK};
 
 /// Every system call the runner may make without conditions once the VM runs.
 pub fn allowed_syscalls() -> Vec<libc::c_long> {
-    let mut list = vec![
+    let list = vec![
         // Memory: guest memory, thread stacks, the allocator.
         libc::SYS_mmap,
         libc::SYS_munmap,
@@ -161,29 +161,33 @@ pub fn allowed_syscalls() -> Vec<libc::c_long> {
     ];
     // The older x86_64 entries glibc and Rust's std still use there.
     #[cfg(target_arch = "x86_64")]
-    list.extend([
-        libc::SYS_arch_prctl,
-        libc::SYS_open,
-        libc::SYS_stat,
-        libc::SYS_lstat,
-        libc::SYS_poll,
-        libc::SYS_epoll_wait,
-        libc::SYS_readlink,
-        libc::SYS_unlink,
-        libc::SYS_rmdir,
-        libc::SYS_mkdir,
-        libc::SYS_rename,
-        libc::SYS_renameat,
-        libc::SYS_symlink,
-        libc::SYS_link,
-        libc::SYS_chmod,
-        libc::SYS_access,
-        libc::SYS_getdents,
-        libc::SYS_dup2,
-        libc::SYS_pipe,
-        libc::SYS_eventfd,
-        libc::SYS_time,
-    ]);
+    let list = [
+        list,
+        vec![
+            libc::SYS_arch_prctl,
+            libc::SYS_open,
+            libc::SYS_stat,
+            libc::SYS_lstat,
+            libc::SYS_poll,
+            libc::SYS_epoll_wait,
+            libc::SYS_readlink,
+            libc::SYS_unlink,
+            libc::SYS_rmdir,
+            libc::SYS_mkdir,
+            libc::SYS_rename,
+            libc::SYS_renameat,
+            libc::SYS_symlink,
+            libc::SYS_link,
+            libc::SYS_chmod,
+            libc::SYS_access,
+            libc::SYS_getdents,
+            libc::SYS_dup2,
+            libc::SYS_pipe,
+            libc::SYS_eventfd,
+            libc::SYS_time,
+        ],
+    ]
+    .concat();
     list
 }
 
@@ -237,9 +241,9 @@ fn allowlist(arch: TargetArch) -> Result<BpfProgram, Error> {
 /// the allowlist last, as it refuses `seccomp` itself.
 pub fn runner_programs() -> Result<Vec<BpfProgram>, Error> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)?;
-    let mut programs = vec![clone3_filter(arch)?, allowlist(arch)?];
+    let programs = vec![clone3_filter(arch)?, allowlist(arch)?];
     #[cfg(target_arch = "x86_64")]
-    programs.insert(0, crate::x32_filter());
+    let programs = [vec![crate::x32_filter()], programs].concat();
     Ok(programs)
 }
 

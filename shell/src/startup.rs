@@ -110,7 +110,12 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         trace_payloads: !trace_payloads_disabled(),
     });
     register_all(&iii, &prefix, &manifest.functions, dispatcher);
-    tracing::info!(worker = %args.worker_name, functions = manifest.functions.len(), "serving");
+    tracing::info!(
+        worker = %args.worker_name,
+        functions = manifest.functions.len(),
+        target = env!("SANDBOX_TARGET"),
+        "serving"
+    );
 
     let exit = serve_until_stopped(&iii).await;
     iii.shutdown_async().await;

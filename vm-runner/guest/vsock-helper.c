@@ -7,11 +7,13 @@
  *   vsock-helper serve PORT             accept one connection, reply "echo:" + what came
  */
 #include <errno.h>
-#include <linux/vm_sockets.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+/* Before linux/vm_sockets.h: Linux 6.1's header (bookworm's) uses struct sockaddr without
+ * including it. */
 #include <sys/socket.h>
+#include <linux/vm_sockets.h>
 #include <unistd.h>
 
 static int fail(const char *what)

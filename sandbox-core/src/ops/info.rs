@@ -24,11 +24,16 @@ pub const FEATURES: &[&str] = &[
     "warm_pool",
 ];
 
+/// The target triple this build was compiled for (`x86_64-unknown-linux-gnu`,
+/// `aarch64-unknown-linux-gnu`, ...), from the build script.
+pub const TARGET: &str = env!("SANDBOX_TARGET");
+
 pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
     let probe = plugin.backend.probe();
     json!({
         "adapter": plugin.adapter,
         "adapter_version": plugin.adapter_version,
+        "target": TARGET,
         "contract": {"major": CONTRACT.major, "minor": CONTRACT.minor},
         "features": FEATURES,
         "backend": {

@@ -63,6 +63,12 @@ async fn libkrun_plugin_answers_info_registers_its_schemas_and_its_worker_name()
     assert_eq!(info["adapter"], "sandbox-libkrun", "{info}");
     assert_eq!(info["adapter_version"], manifest.adapter_version, "{info}");
     assert_eq!(info["contract"], json!({"major": 1, "minor": 1}), "{info}");
+    // The adapter names the target it was built for; it runs here, so it is this host's.
+    let target = info["target"].as_str().expect("target is a string");
+    assert!(
+        target.starts_with(std::env::consts::ARCH) && target.contains("-linux-"),
+        "{info}"
+    );
     let features = info["features"].as_array().expect("features is an array");
     assert!(!features.is_empty(), "{info}");
     assert!(features.iter().all(Value::is_string), "{info}");
