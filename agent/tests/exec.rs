@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use agent_proto::{AgentError, ErrorCode};
 use common::*;
+use tokio::process::Command;
 
 #[tokio::test]
 async fn echo_and_exit_codes() {
@@ -356,4 +357,47 @@ async fn programs_start_with_no_signal_blocked_so_sigterm_reaches_them() {
     )
     .await;
     assert_eq!(text(&out.stdout), "got-term\n");
+}
+
+/// Signals ignored where the agent was started (a script's `adapter &` ignores SIGINT and
+/// SIGQUIT; a service may ignore SIGHUP) are not the sandbox's programs' business: they start
+/// with every signal at its default, so ^C at their terminal interrupts them.
+#[tokio::test]
+async fn programs_start_with_no_signal_ignored_whatever_the_agent_inherited() {
+    let agent = start_agent_from(
+        Command::new("/bin/sh")
+            .args(["-c", "trap '' INT QUIT HUP TERM USR1; exec \"$0\" --stdio"])
+            .arg(agent_bin()),
+    )
+    .await;
+    let ignored = |status: &str| -> u64 {
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .expect("SigIgn");
+        u64::from_str_radix(mask.trim(), 16).expect("hex mask")
+    };
+    let trapped = [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGHUP,
+        libc::SIGTERM,
+        libc::SIGUSR1,
+    ]
+    .iter()
+    .fold(0u64, |mask, sig| mask | 1 << (sig - 1));
+    let agent_status =
+        std::fs::read_to_string(format!("/proc/{}/status", agent.child.id().unwrap())).unwrap();
+    assert_eq!(
+        ignored(&agent_status) & trapped,
+        trapped,
+        "the agent was started ignoring them"
+    );
+    let out = run(&agent, sh("cat /proc/self/status")).await;
+    assert_eq!(
+        ignored(text(&out.stdout)) & trapped,
+        0,
+        "{}",
+        text(&out.stdout)
+    );
 }

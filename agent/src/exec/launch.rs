@@ -404,8 +404,11 @@ fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
-/// Resets every signal the agent catches to its default (a handler of the agent's must
-/// never run in the child, which shares its memory), and SIGPIPE, which Rust ignores, too.
+/// Resets every signal to its default: one the agent catches (a handler of the agent's must
+/// never run in the child, which shares its memory), SIGPIPE, which Rust ignores, and any the
+/// agent was started ignoring. An ignored signal survives exec, so without this a program in
+/// the sandbox would inherit whatever the host's adapter was started with (a service or a
+/// script's `cmd &` ignores SIGINT and SIGQUIT): ^C typed at its terminal would do nothing.
 ///
 /// # Safety
 /// Only from `child_main`.
@@ -423,9 +426,7 @@ unsafe fn reset_signal_handlers() {
             if libc::sigaction(sig, ptr::null(), &mut current) != 0 {
                 continue;
             }
-            let caught =
-                current.sa_sigaction != libc::SIG_DFL && current.sa_sigaction != libc::SIG_IGN;
-            if caught || sig == libc::SIGPIPE {
+            if current.sa_sigaction != libc::SIG_DFL {
                 libc::sigaction(sig, &default, ptr::null_mut());
             }
         }

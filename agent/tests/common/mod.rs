@@ -24,8 +24,12 @@ pub fn agent_bin() -> String {
 }
 
 pub async fn start_agent() -> Agent {
-    let mut child = Command::new(agent_bin())
-        .arg("--stdio")
+    start_agent_from(Command::new(agent_bin()).arg("--stdio")).await
+}
+
+/// The agent started by `command` (which must run it with `--stdio`).
+pub async fn start_agent_from(command: &mut Command) -> Agent {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
