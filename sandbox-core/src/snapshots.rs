@@ -170,16 +170,16 @@ impl Snapshots {
             .values()
             .flat_map(|s| s.layers.iter().cloned())
             .collect();
-        let mut removed = 0;
-        for id in on_disk
+        // A complete layer is both a directory and its size record: each id once.
+        let ids: std::collections::BTreeSet<String> = on_disk
             .into_iter()
-            .chain(state.sizes.keys().cloned().collect::<Vec<_>>())
-        {
-            if !keep.contains(&id) {
-                remove_layer_files(backend, &self.layers_dir(), &id);
-                state.sizes.remove(&id);
-                removed += 1;
-            }
+            .chain(state.sizes.keys().cloned())
+            .collect();
+        let mut removed = 0;
+        for id in ids.into_iter().filter(|id| !keep.contains(id)) {
+            remove_layer_files(backend, &self.layers_dir(), &id);
+            state.sizes.remove(&id);
+            removed += 1;
         }
         if removed > 0 {
             tracing::info!(removed, "removed snapshot layers no snapshot names");
