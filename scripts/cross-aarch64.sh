@@ -96,9 +96,12 @@ setup() {
         libstd-rust-web-dev:arm64 file ca-certificates
       # The C cross toolchain is the bookworm one (gcc 12, glibc 2.36), so the binaries need
       # no glibc newer than bookworm has. Its packages run on trixie; trixie s own cross gcc
-      # would insist on its glibc 2.41.
+      # would insist on its glibc 2.41. Its binutils are trixie s: bookworm s want their own
+      # binutils-common, which trixie s native binutils (for gcc) have replaced, and apt s
+      # solver, told to prefer bookworm, may pick them and give up.
       apt-get install -y -q --no-install-recommends --allow-downgrades -t bookworm \
-        gcc-aarch64-linux-gnu/bookworm cpp-aarch64-linux-gnu/bookworm
+        gcc-aarch64-linux-gnu/bookworm cpp-aarch64-linux-gnu/bookworm \
+        binutils-aarch64-linux-gnu/trixie
       mkdir -p /var/cache/bookworm-arm64 && cd /var/cache/bookworm-arm64
       apt-get download libc6:arm64/bookworm libgcc-s1:arm64/bookworm
     ' >&2
