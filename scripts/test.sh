@@ -56,9 +56,27 @@ cargo build --workspace --all-targets
 SANDBOX_AGENT_PATH=$(sh agent/build-static.sh)
 export SANDBOX_AGENT_PATH SANDBOX_AGENT_BIN="$SANDBOX_AGENT_PATH"
 
+step "release archive, built in the background (the install tests and the VM lab wait for it)"
+# Built once for every pass (and the lab), at the lowest priority, while the tests below run:
+# they mostly wait on sandboxes, and the build fills the idle cores. The lock is taken here,
+# before the build starts, and only the background shell keeps it, until the build has ended
+# and its status is written: whoever takes it shared (install.rs, libkrun-e2e.sh) never sees
+# a half-made archive.
+# setsid: the build is a process group of its own, ended as a whole if this script ends first.
+release=$work/release
+mkdir -p "$release"
+reg_pid=
+exec 9>"$release/.lock"
+flock 9
+setsid bash -c 'nice -n 19 bash scripts/release.sh "$1" 9>&- >"$1/.log" 2>&1; echo $? >"$1/.status"' \
+  release-build "$release" &
+release_pid=$!
+exec 9>&-
+trap 'kill -- -$release_pid 2>/dev/null || true; kill $reg_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+export SANDBOX_RELEASE_DIR=$release
+
 step "registry with the fixture images"
 read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash tests/fixtures/start-registry.sh "$work/registry")
-trap 'kill $reg_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 bash tests/fixtures/build-fixtures.sh "$reg_addr" busybox python node >/dev/null
 export SANDBOX_TEST_REGISTRY=$reg_addr
 

@@ -30,7 +30,7 @@ build_json=$(cargo test -p e2e-tests --test libkrun --no-run --message-format=js
   || { cargo test -p e2e-tests --test libkrun --no-run; exit 1; }
 test_bin=$(grep -o '"executable":"[^"]*/libkrun-[0-9a-f]*"' <<<"$build_json" | tail -1 | cut -d'"' -f4)
 # The install test (one file, as Compose installs it) on libkrun by name: the
-# release archive is built here (cached after test.sh's own run of install.rs), the lab only
+# release archive is scripts/test.sh's (SANDBOX_RELEASE_DIR) or built here, the lab only
 # extracts and boots.
 install_json=$(cargo test -p e2e-tests --test install --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test install --no-run; exit 1; }
@@ -64,8 +64,20 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
 cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
-  log "release archive for the install test (scripts/release.sh)"
-  bash scripts/release.sh "$scratch/release" >&2
+  if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
+    # scripts/test.sh's archive, built in the background: its lock is free once it is made.
+    log "release archive for the install test: scripts/test.sh's ($SANDBOX_RELEASE_DIR)"
+    if [ -f "$SANDBOX_RELEASE_DIR/.lock" ]; then
+      flock -s "$SANDBOX_RELEASE_DIR/.lock" true
+      [ "$(cat "$SANDBOX_RELEASE_DIR/.status" 2>/dev/null)" = 0 ] \
+        || { log "scripts/release.sh failed:"; cat "$SANDBOX_RELEASE_DIR/.log" >&2; exit 1; }
+    fi
+    mkdir -p "$scratch/release"
+    cp "$SANDBOX_RELEASE_DIR"/sandbox-libkrun-*.tar.gz "$SANDBOX_RELEASE_DIR"/*.sha256 "$scratch/release/"
+  else
+    log "release archive for the install test (scripts/release.sh)"
+    bash scripts/release.sh "$scratch/release" >&2
+  fi
 fi
 cp "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" "$profile/libplugin_bwrap.so" \
   "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" "$scratch/debug/"
