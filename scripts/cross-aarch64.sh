@@ -96,11 +96,13 @@ setup() {
         libstd-rust-web-dev:arm64 file ca-certificates
       # The C cross toolchain is the bookworm one (gcc 12, glibc 2.36), so the binaries need
       # no glibc newer than bookworm has. Its packages run on trixie; trixie s own cross gcc
-      # would insist on its glibc 2.41. Its binutils are trixie s: bookworm s want their own
+      # would insist on its glibc 2.41. Its C library headers are named (gcc only recommends
+      # them, and the C of ring needs them). Its binutils are trixie s: bookworm s want their own
       # binutils-common, which trixie s native binutils (for gcc) have replaced, and apt s
       # solver, told to prefer bookworm, may pick them and give up.
       apt-get install -y -q --no-install-recommends --allow-downgrades -t bookworm \
         gcc-aarch64-linux-gnu/bookworm cpp-aarch64-linux-gnu/bookworm \
+        libc6-dev-arm64-cross/bookworm linux-libc-dev-arm64-cross/bookworm \
         binutils-aarch64-linux-gnu/trixie
       mkdir -p /var/cache/bookworm-arm64 && cd /var/cache/bookworm-arm64
       apt-get download libc6:arm64/bookworm libgcc-s1:arm64/bookworm

@@ -206,14 +206,48 @@ async fn the_code_runners_flow_serves_and_calls_through_the_guard_only() {
         "sandbox_bus_call": ["host::allowed"],
     }))
     .await;
-    let host = host_worker(&stack, &["host::allowed", "host::secret", "host::taken"]);
+    // Every wait of the flow is bounded on its own; this bounds them all together, so that a
+    // stall (seen once under the VM lab) fails naming the step it stalled in, with the
+    // adapter's log, instead of lasting until CI's end.
+    let phase = Phase::default();
+    let limit = Duration::from_secs(300) + 2 * e2e_tests::call_timeout();
+    if tokio::time::timeout(limit, code_runners_flow(&stack, &phase))
+        .await
+        .is_err()
+    {
+        panic!(
+            "the code runner's flow stalled for {limit:?}, in: {}\nthe adapter's log: {}",
+            phase.now(),
+            stack.adapter.log()
+        );
+    }
+}
+
+/// The step a long test is in, for its watchdog's message.
+#[derive(Default)]
+struct Phase(std::sync::Mutex<&'static str>);
+
+impl Phase {
+    fn enter(&self, step: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = step;
+    }
+
+    fn now(&self) -> &'static str {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+async fn code_runners_flow(stack: &Stack, phase: &Phase) {
+    phase.enter("the host worker registers host::allowed, host::secret, host::taken");
+    let host = host_worker(stack, &["host::allowed", "host::secret", "host::taken"]);
     stack
         .client
         .wait_for_function("host::taken", None, Duration::from_secs(20))
         .await
         .expect("the host worker serves");
-    let other = create(&stack, "python", json!({})).await;
-    let id = code_runner_sandbox(&stack).await;
+    phase.enter("creating the other sandbox and the code runner's");
+    let other = create(stack, "python", json!({})).await;
+    let id = code_runner_sandbox(stack).await;
 
     // The guest serves and calls, in an exec that lasts until guest::stop is called.
     let calls = [
@@ -234,7 +268,10 @@ async fn the_code_runners_flow_serves_and_calls_through_the_guard_only() {
         json!({"sandbox_id": id, "argv": argv, "env": {"OTHER_SANDBOX": other},
                "timeout_ms": 90_000}),
     );
-    let (answer, served) = tokio::join!(guest, host_side(&stack, &id, &other));
+    phase.enter(
+        "the guest serves guest::hello and calls; the host calls guest::hello, then guest::stop",
+    );
+    let (answer, served) = tokio::join!(guest, host_side(stack, &id, &other));
     assert!(
         served,
         "guest::hello never showed; the guest's exec: {answer:?}\nthe adapter's log: {}",
@@ -266,12 +303,14 @@ async fn the_code_runners_flow_serves_and_calls_through_the_guard_only() {
         assert!(message.contains(rule), "{function}: {message}");
     }
     // The other sandbox ran nothing.
-    let untouched = exec_ok(&stack, &other, json!({"argv": ["true"]})).await;
+    phase.enter("an exec in the other sandbox");
+    let untouched = exec_ok(stack, &other, json!({"argv": ["true"]})).await;
     assert_eq!(untouched["exit_code"], 0);
 
     // A guest announcing itself as the adapter's worker is refused as a name conflict.
+    phase.enter("the guest announces itself as worker sandbox-libkrun");
     let announce = exec_ok(
-        &stack,
+        stack,
         &id,
         json!({"argv": ["python3", GUEST_PATH, "announce", "sandbox-libkrun"], "timeout_ms": 60_000}),
     )
@@ -296,10 +335,12 @@ async fn the_code_runners_flow_serves_and_calls_through_the_guard_only() {
     );
 
     // Stopping the sandbox takes its functions off the bus.
-    sandbox_support::stop(&stack, &id, false).await;
-    let took = gone_from_the_bus(&stack, "guest::hello", Duration::ZERO).await;
+    phase.enter("stopping the code runner's sandbox, guest::hello leaving the bus");
+    sandbox_support::stop(stack, &id, false).await;
+    let took = gone_from_the_bus(stack, "guest::hello", Duration::ZERO).await;
     println!("guest::hello left the bus {took:?} after stop");
     assert!(took.is_some(), "guest::hello outlived its sandbox");
+    phase.enter("the host worker shuts down");
     host.shutdown_async().await;
 }
 
