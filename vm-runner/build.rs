@@ -5,6 +5,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    // Only the Linux launcher (src/launch.rs) embeds them: a macOS build has no runner yet.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
+        return;
+    }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     // The guest programs run in the guest, whose architecture is the target's: a cross build
     // names its C compiler the way the cc crate reads it (CC_<target>, TARGET_CC), before CC.

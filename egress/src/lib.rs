@@ -10,19 +10,29 @@
 
 #![deny(unsafe_code)]
 
+// The starter's side is Linux-only (network namespaces, nftables, netlink, pasta); the policy
+// and the set-up the adapter computes are plain data and compile everywhere (macOS too).
+#[cfg(target_os = "linux")]
 pub mod dns;
+#[cfg(target_os = "linux")]
 pub mod forward;
+#[cfg(target_os = "linux")]
 pub mod gate;
+#[cfg(target_os = "linux")]
 pub mod netns;
 pub mod network;
 pub mod policy;
+#[cfg(target_os = "linux")]
 mod privilege;
+#[cfg(target_os = "linux")]
 mod rtnetlink;
 
+#[cfg(target_os = "linux")]
 pub use privilege::keep_capabilities;
 
 /// The starter's program name, which its children's messages begin with (they reach the
 /// sandbox's log through the starter's stderr).
+#[cfg(target_os = "linux")]
 pub(crate) fn program() -> String {
     std::env::args_os()
         .next()

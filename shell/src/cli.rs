@@ -1,15 +1,24 @@
 //! Command line and environment of the shell.
 
+use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
 use std::path::PathBuf;
 
 use clap::Parser;
 
-/// Default plugin, by name: `libplugin_libkrun.so`.
+/// Default plugin, by name: `libplugin_libkrun.so` (`.dylib` on macOS).
 pub const DEFAULT_PLUGIN: &str = "libkrun";
 
-/// The file of the plugin called `name` (`libkrun` -> `libplugin_libkrun.so`).
+/// The file of the plugin called `name` (`libkrun` -> `libplugin_libkrun.so` on Linux,
+/// `libplugin_libkrun.dylib` on macOS: the platform's own library name, as cargo makes it).
 pub fn plugin_file(name: &str) -> String {
-    format!("libplugin_{name}.so")
+    format!("{DLL_PREFIX}plugin_{name}{DLL_SUFFIX}")
+}
+
+/// The plugin name of a plugin file's name (`libplugin_bwrap.so` -> `bwrap`), if it is one.
+pub fn plugin_name(file: &str) -> Option<&str> {
+    file.strip_prefix(DLL_PREFIX)?
+        .strip_prefix("plugin_")?
+        .strip_suffix(DLL_SUFFIX)
 }
 
 /// Which plugin to load.
@@ -120,8 +129,18 @@ mod tests {
         );
         assert_eq!(choice(None, true), embedded("libkrun"));
         match choice(None, false) {
-            PluginChoice::File(path) => assert!(path.ends_with("libplugin_libkrun.so"), "{path:?}"),
+            PluginChoice::File(path) => assert!(path.ends_with(plugin_file("libkrun")), "{path:?}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_plugin_file_name_and_its_plugin_name_round_trip() {
+        #[cfg(target_os = "linux")]
+        assert_eq!(plugin_file("bwrap"), "libplugin_bwrap.so");
+        #[cfg(target_os = "macos")]
+        assert_eq!(plugin_file("bwrap"), "libplugin_bwrap.dylib");
+        assert_eq!(plugin_name(&plugin_file("libkrun")), Some("libkrun"));
+        assert_eq!(plugin_name("sandbox-agent"), None);
     }
 }

@@ -5,9 +5,16 @@
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 
+/// The process's open descriptors, one entry each.
+#[cfg(target_os = "linux")]
+const FD_DIR: &str = "/proc/self/fd";
+/// macOS has no `/proc`; its `/dev/fd` lists the same (untested here: no macOS host).
+#[cfg(not(target_os = "linux"))]
+const FD_DIR: &str = "/dev/fd";
+
 /// Marks every descriptor above stderr close-on-exec. Call first in `main`, single-threaded.
 pub fn close_on_exec() {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+    let Ok(dir) = std::fs::read_dir(FD_DIR) else {
         return;
     };
     let fds: Vec<i32> = dir

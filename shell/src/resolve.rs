@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::bundle;
-use crate::cli::{plugin_file, Args, PluginChoice};
+use crate::cli::{plugin_file, plugin_name, Args, PluginChoice};
 
 /// Where a build's embedded files go: `$HOME/.iii/lib/sandbox-libkrun/` (`<version>-<hash>/`
 /// below it).
@@ -42,7 +42,7 @@ pub fn plugin_path(args: &Args) -> Result<PathBuf, String> {
         if !bundle::contains(&plugin_file(name)) {
             let carried: Vec<_> = bundle::names()
                 .into_iter()
-                .filter_map(|n| n.strip_prefix("libplugin_")?.strip_suffix(".so"))
+                .filter_map(plugin_name)
                 .collect();
             return Err(format!(
                 "--plugin {name}: no such embedded plugin (this build carries: {})",

@@ -55,14 +55,23 @@
 //! Exit codes of the binary: the guest's own status, or [`exit::BAD_SPEC`],
 //! [`exit::HOST_UNFIT`], [`exit::VM_FAILED`] when no guest ran.
 
+// The runner itself (libkrun's KVM backend, namespaces, idmapped and overlay mounts, seccomp)
+// is Linux-only; on other hosts the crate is the specification and a probe that refuses.
+#[cfg(target_os = "linux")]
 mod drop_root;
 pub mod exit;
+#[cfg(target_os = "linux")]
 mod firmware;
+#[cfg(target_os = "linux")]
 mod guest_mounts;
+#[cfg(target_os = "linux")]
 mod krun;
+#[cfg(target_os = "linux")]
 pub mod launch;
 pub mod launch_file;
+#[cfg(target_os = "linux")]
 mod overlay;
+#[cfg(target_os = "linux")]
 mod own_root;
 pub mod probe;
 pub mod spec;

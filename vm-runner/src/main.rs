@@ -6,7 +6,8 @@
 use std::io::Read;
 use std::process::ExitCode;
 
-use vm_runner::exit::{BAD_SPEC, HOST_UNFIT, VM_FAILED};
+use vm_runner::exit::{BAD_SPEC, HOST_UNFIT};
+#[cfg(target_os = "linux")]
 use vm_runner::launch::{self, LaunchError};
 use vm_runner::{SpecError, VmSpec};
 
@@ -38,12 +39,24 @@ fn main() -> ExitCode {
         Ok(spec) => spec,
         Err(e) => return fail(BAD_SPEC, format_args!("bad specification: {e}")),
     };
+    boot(&spec)
+}
+
+#[cfg(target_os = "linux")]
+fn boot(spec: &VmSpec) -> ExitCode {
+    use vm_runner::exit::VM_FAILED;
     if let Err(e) = launch::die_with_parent() {
         return fail(VM_FAILED, e);
     }
-    match launch::boot(&spec) {
+    match launch::boot(spec) {
         Ok(never) => match never {},
         Err(e @ LaunchError::HostUnfit(_)) => fail(HOST_UNFIT, e),
         Err(e) => fail(VM_FAILED, e),
     }
+}
+
+/// The runner is Linux-only: elsewhere a specification is read, then refused as the probe does.
+#[cfg(not(target_os = "linux"))]
+fn boot(_spec: &VmSpec) -> ExitCode {
+    fail(HOST_UNFIT, vm_runner::HostUnfit::NotBuilt)
 }

@@ -4,6 +4,7 @@
 //! cannot run libkrunfw's guest kernel: a boot there dies after seconds. Hardware KVM shows
 //! up as `kvm_intel` or `kvm_amd`, so we refuse PVM-only hosts up front.
 
+#[cfg(target_os = "linux")]
 use std::path::{Path, PathBuf};
 
 /// libkrun dlopens this soname.
@@ -22,9 +23,14 @@ pub enum HostUnfit {
     PvmOnly,
     #[error("{LIBKRUNFW} not found in $HOME/.iii/lib nor in the system library directories")]
     NoLibkrunfw,
+    /// Not Linux: the runner is Linux-only (README, "Hosts": what a macOS build needs).
+    #[cfg(not(target_os = "linux"))]
+    #[error("this host cannot boot microVMs: macOS support is not built yet")]
+    NotBuilt,
 }
 
 /// Checks the host and returns `Ok` only when a microVM can boot here.
+#[cfg(target_os = "linux")]
 pub fn host_can_boot() -> Result<(), HostUnfit> {
     check_kvm(Path::new("/dev/kvm"))?;
     if pvm_only(&loaded_modules()) {
@@ -33,6 +39,13 @@ pub fn host_can_boot() -> Result<(), HostUnfit> {
     find_libkrunfw().map(|_| ())
 }
 
+/// No runner is built for this host yet: a fast refusal, as on a Linux host without KVM.
+#[cfg(not(target_os = "linux"))]
+pub fn host_can_boot() -> Result<(), HostUnfit> {
+    Err(HostUnfit::NotBuilt)
+}
+
+#[cfg(target_os = "linux")]
 fn check_kvm(device: &Path) -> Result<(), HostUnfit> {
     if !device.exists() {
         return Err(HostUnfit::NoKvmDevice);
@@ -47,6 +60,7 @@ fn check_kvm(device: &Path) -> Result<(), HostUnfit> {
 
 /// Kernel modules known loaded, from `/proc/modules` and `/sys/module` (either may be
 /// missing or incomplete in containers).
+#[cfg(target_os = "linux")]
 fn loaded_modules() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_to_string("/proc/modules")
         .unwrap_or_default()
@@ -63,12 +77,14 @@ fn loaded_modules() -> Vec<String> {
     names
 }
 
+#[cfg(target_os = "linux")]
 fn pvm_only(modules: &[String]) -> bool {
     let has = |name: &str| modules.iter().any(|m| m == name);
     has("kvm_pvm") && !has("kvm_intel") && !has("kvm_amd")
 }
 
 /// Where libkrunfw will be loaded from: `$HOME/.iii/lib/` first, then the system path.
+#[cfg(target_os = "linux")]
 pub fn find_libkrunfw() -> Result<PathBuf, HostUnfit> {
     let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".iii/lib"));
     let ld_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
@@ -94,7 +110,7 @@ pub fn find_libkrunfw() -> Result<PathBuf, HostUnfit> {
         .ok_or(HostUnfit::NoLibkrunfw)
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 

@@ -111,6 +111,7 @@ pub fn write_hardlink(path: &Path, source: &Path) -> io::Result<()> {
     fs::hard_link(source, path)
 }
 
+#[cfg(target_os = "linux")]
 pub fn write_special(path: &Path, kind: EntryType, dev: (u32, u32), meta: &Meta) -> io::Result<()> {
     clear(path, false)?;
     let fmt = match kind {
@@ -126,6 +127,18 @@ pub fn write_special(path: &Path, kind: EntryType, dev: (u32, u32), meta: &Meta)
         return Err(io::Error::last_os_error());
     }
     set_owner(path, meta)
+}
+
+/// Not Linux (macOS): mknod's types differ there and no such host has tried it.
+#[cfg(not(target_os = "linux"))]
+pub fn write_special(path: &Path, _: EntryType, _: (u32, u32), _: &Meta) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "{}: device nodes and fifos are unpacked on Linux only",
+            path.display()
+        ),
+    ))
 }
 
 fn set_owner(path: &Path, meta: &Meta) -> io::Result<()> {

@@ -3,6 +3,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
+#[cfg(target_os = "linux")]
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -41,6 +42,7 @@ pub fn read<R: Read>(e: &mut tar::Entry<'_, R>) -> io::Result<PaxInfo> {
 
 /// Best effort: a file system without xattrs, or an unprivileged unpack (security.*,
 /// trusted.*), skips them with a debug line rather than failing the image.
+#[cfg(target_os = "linux")]
 pub fn apply_xattrs(path: &Path, xattrs: &[(CString, Vec<u8>)]) {
     if xattrs.is_empty() {
         return;
@@ -64,5 +66,13 @@ pub fn apply_xattrs(path: &Path, xattrs: &[(CString, Vec<u8>)]) {
             let err = io::Error::last_os_error();
             tracing::debug!(path = %path.display(), name = ?name, %err, "xattr not applied");
         }
+    }
+}
+
+/// Not Linux (macOS): its setxattr differs and no such host has tried it; skipped, as above.
+#[cfg(not(target_os = "linux"))]
+pub fn apply_xattrs(path: &Path, xattrs: &[(CString, Vec<u8>)]) {
+    if !xattrs.is_empty() {
+        tracing::debug!(path = %path.display(), "xattrs are applied on Linux only: skipped");
     }
 }
