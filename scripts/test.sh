@@ -80,11 +80,21 @@ read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash tests/fixtures/start-re
 bash tests/fixtures/build-fixtures.sh "$reg_addr" busybox python node >/dev/null
 export SANDBOX_TEST_REGISTRY=$reg_addr
 
-step "cargo test --workspace"
+step "cargo test --workspace, but for the tests of the release archive"
 # --show-output: a test that cannot run its real check on this host (no usable KVM, no
 # writable cgroups) says so on stdout, and that must reach the log even when it passes.
+# The tests that install the release archive run next, by themselves: in this pass they
+# would wait for its build (their binary comes early) while every test after them waits too.
+archive_tests=(installed_like_compose_it_serves_reuses_its_files_and_repairs_them
+  two_installed_adapters_starting_at_once_share_one_directory
+  installed_like_compose_it_boots_print_42_in_a_microvm)
 cargo_tests "cargo test --workspace (root)" \
-  cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output
+  cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output \
+  --exact "${archive_tests[@]/#/--skip=}"
+
+step "the release archive's tests (install.rs), the archive built"
+cargo_tests "install.rs (root)" \
+  cargo test -p e2e-tests --test install --no-fail-fast -- --test-threads=2 --show-output
 
 step "end to end again, the adapter started as an ordinary user (how Compose runs it)"
 if [ "$(id -u)" != 0 ]; then
