@@ -1,9 +1,10 @@
 //! Installed the way iii Compose installs a binary worker: the release archive is built
 //! (`scripts/release.sh`, once per test process or once for all of `scripts/test.sh`), only
-//! its `sandbox-libkrun` entry is extracted into an empty directory, and that one file serves `print(6*7)` on the bwrap plugin by name,
-//! with nothing of ours on the PATH or next to it and no helper variable set. Its embedded
-//! files land in `$HOME/.iii/lib/sandbox-libkrun/<version>-<hash>/`: reused as they are by a
-//! second start, replaced when tampered with.
+//! its `sandbox-libkrun` entry is extracted into an empty directory, and that one file serves
+//! `print(6*7)` on the bwrap plugin by name, with nothing of ours on the PATH or next to it and
+//! no helper variable set. Its embedded files land in
+//! `$HOME/.iii/lib/sandbox-libkrun/<version>-<hash>/`: reused as they are by a second start,
+//! replaced when tampered with.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
