@@ -77,6 +77,7 @@ impl TestHost {
     fn add_address(&mut self, cidr: &str, banner: &str) {
         self.veth
             .inside(&["addr", "add", cidr, "dev", &self.veth.ns_if]);
+        self.veth.route_here(cidr.split('/').next().unwrap());
         self.wait_served(cidr.split('/').next().unwrap(), banner);
     }
 

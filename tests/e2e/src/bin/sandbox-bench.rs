@@ -1277,7 +1277,9 @@ impl DownloadServer {
                 "iiibpn",
             ])
             && ip(&["link", "set", "iiibph", "up"])
-            && ip(&["-n", DOWNLOAD_NS, "link", "set", "iiibpn", "up"]);
+            && ip(&["-n", DOWNLOAD_NS, "link", "set", "iiibpn", "up"])
+            // More specific than a prefix a leftover namespace on the host may still route.
+            && ip(&["route", "replace", "198.51.100.10/32", "dev", "iiibph"]);
         if !ok {
             let _ = ip(&["netns", "del", DOWNLOAD_NS]);
             return None;

@@ -43,7 +43,39 @@ impl VethHost {
         ip(&["link", "set", &host.host_if, "up"]);
         host.inside(&["link", "set", &host.ns_if, "up"]);
         host.inside(&["link", "set", "lo", "up"]);
+        for (_, inside) in pairs {
+            host.route_here(inside.split('/').next().unwrap_or(inside));
+        }
         host
+    }
+
+    /// Makes the host's route to `address` this veth and checks it. The host is shared: a
+    /// namespace a killed run left, or another job's, may hold the same prefix (its route
+    /// then comes first and our frames go to it). A route to the one address is more
+    /// specific than any prefix, and `replace` takes it over from a leftover of the same.
+    pub fn route_here(&self, address: &str) {
+        let (family, host_prefix) = if address.contains(':') {
+            ("-6", "128")
+        } else {
+            ("-4", "32")
+        };
+        let route = format!("{address}/{host_prefix}");
+        ip(&[family, "route", "replace", &route, "dev", &self.host_if]);
+        let out = Command::new("ip")
+            .args([family, "route", "get", address])
+            .output()
+            .expect("run ip route get");
+        let chosen = String::from_utf8_lossy(&out.stdout).into_owned();
+        let through_us = chosen
+            .split_whitespace()
+            .skip_while(|word| *word != "dev")
+            .nth(1)
+            == Some(self.host_if.as_str());
+        assert!(
+            through_us,
+            "the host routes {address} elsewhere than this test's veth {}: {chosen}",
+            self.host_if
+        );
     }
 
     /// `ip -n <ns> ARGS`, which must succeed.
