@@ -9,8 +9,9 @@
 # and the VM ends with no status from the guest; seen on bare runner boots with no code of
 # ours too), or hangs silently: a boot whose runner entered the VM and then showed nothing at
 # all until the agent's wait ran out (the S300's runner log ends at `entering the VM (...)`,
-# no console line). A failed test whose own output shows either is run once more, by name
-# (`--exact`, appended to COMMAND), saying so; the pass then fails only if a test fails again.
+# no console line). A failed test whose own output shows either is run once more, alone, by
+# name (`--exact`, appended to COMMAND without the names it listed), saying so; the pass then
+# fails only if a test fails again.
 # The worker-VM rounds are never run again here: they run a reset round once more themselves.
 #
 # What each pass ended with is kept in the scratch share ($lab_state), which outlives the lab
@@ -72,11 +73,23 @@ pass() {
   if [ -n "$again" ]; then
     echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run once more:$again"
     out=$lab_state/$key.2.log
-    # libtest refuses `--exact` twice ("Option 'exact' given more than once"): a command that
-    # has it already (the network passes) gets only the names.
-    local exact=--exact
-    case " $* " in *" --exact "*) exact="" ;; esac
-    "$@" $exact $again 2>&1 | tee "$out"
+    # Only the failed tests run again: a command that names its tests (the network passes:
+    # `NAME... --exact`) loses the names the first run ran, which would otherwise all run again
+    # beside the failed ones (each again exposed to a reset). libtest refuses `--exact` twice
+    # ("Option 'exact' given more than once"): a command that has it already gets only the names.
+    local ran arg exact=--exact
+    ran=" $(awk '/^test [A-Za-z0-9_:]+ \.\.\. / {printf "%s ", $2}' "$lab_state/$key.1.log")"
+    local rerun=() previous=""
+    for arg in "$@"; do
+      # A `--skip NAME` stays whole, whatever NAME is.
+      if [ "$previous" != --skip ]; then
+        case $ran in *" $arg "*) continue ;; esac
+      fi
+      [ "$arg" = --exact ] && exact=""
+      rerun+=("$arg")
+      previous=$arg
+    done
+    "${rerun[@]}" $exact $again 2>&1 | tee "$out"
     if [ "${PIPESTATUS[0]}" = 0 ]; then
       echo "[lab] $label: passed when run again after the lab's guest reset:$again"
       echo "$out" > "$lab_state/$key.passed"
