@@ -75,6 +75,10 @@ exec 9>&-
 trap 'kill -- -$release_pid 2>/dev/null || true; kill $reg_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 export SANDBOX_RELEASE_DIR=$release
 
+step "the VM lab's rules for its passes, on a stand-in (tests/vm-lab/lab-passes-check.sh)"
+# A second here; in the lab they only show when a guest resets.
+cargo_tests "lab pass rules" bash tests/vm-lab/lab-passes-check.sh
+
 step "registry with the fixture images"
 read -r reg_pid reg_addr < <(REGISTRY_PARENT_PID=$$ bash tests/fixtures/start-registry.sh "$work/registry")
 bash tests/fixtures/build-fixtures.sh "$reg_addr" busybox python node >/dev/null

@@ -1,0 +1,111 @@
+#!/bin/bash
+# Checks lab-passes.sh's rules on a stand-in for a libtest binary, in a second, on the host:
+# the lab itself takes half an hour, and its rules only show when a guest resets there.
+#   - a test that ended in the lab's reset runs again alone, however the pass named its tests;
+#   - a `--skip NAME` of the pass stays whole in that second run;
+#   - a failure that is not the lab's reset, or a second failure, fails the pass;
+#   - a pass that ended is not run again when the inner script starts over after a reset.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+# The stand-in: runs the tests its arguments name (words that are not options nor the value
+# of --skip), each "ok" unless its name is in $scratch/reset (it then fails once, its panic
+# showing the lab's reset, and is taken off the list) or in $scratch/broken (fails every
+# time, with no reset). Each call's arguments are appended to $scratch/calls.
+cat > "$scratch/libtest" <<'EOF'
+#!/bin/bash
+scratch=$(dirname "$0")
+echo "$*" >> "$scratch/calls"
+names=() skip=""
+for arg in "$@"; do
+  if [ "$skip" = 1 ]; then skip=""; continue; fi
+  case $arg in --skip) skip=1 ;; --*) ;; *) names+=("$arg") ;; esac
+done
+failed=()
+for name in "${names[@]}"; do
+  if grep -qx "$name" "$scratch/reset" 2>/dev/null; then
+    grep -vx "$name" "$scratch/reset" > "$scratch/reset.new" || true
+    mv "$scratch/reset.new" "$scratch/reset"
+    echo "thread '$name' (7) panicked at tests/e2e/tests/x.rs:1:1:"
+    echo "runner log tail: [...] Received KVM_EXIT_SHUTDOWN signal"
+    echo "test $name ... FAILED"
+    failed+=("$name")
+  elif grep -qx "$name" "$scratch/broken" 2>/dev/null; then
+    echo "thread '$name' (7) panicked at tests/e2e/tests/x.rs:1:1:"
+    echo "assertion failed"
+    echo "test $name ... FAILED"
+    failed+=("$name")
+  else
+    echo "test $name ... ok"
+  fi
+done
+[ ${#failed[@]} = 0 ] && exit 0
+echo
+echo "failures:"
+printf '    %s\n' "${failed[@]}"
+echo
+exit 101
+EOF
+chmod +x "$scratch/libtest"
+
+checks=0
+fail() { echo "lab-passes-check: FAILED: $*"; echo "calls:"; cat "$scratch/calls"; exit 1; }
+expect_calls() {
+  local want
+  want=$(printf '%s\n' "$@")
+  [ "$(cat "$scratch/calls")" = "$want" ] || fail "the calls were not: $want"
+  checks=$((checks + 1))
+}
+
+# Each case in a subshell of its own, as the lab's inner script: `finish` exits.
+run_case() {
+  rm -rf "$scratch/calls" "$scratch/state" "$scratch/reset" "$scratch/broken"
+  touch "$scratch/calls" "$scratch/reset" "$scratch/broken"
+  mkdir -p "$scratch/state"
+}
+lab() {
+  (
+    # shellcheck source=tests/vm-lab/lab-passes.sh
+    . "$here/lab-passes.sh"
+    lab_state=$scratch/state
+    "$@"
+    finish
+  ) > "$scratch/out" 2>&1
+}
+
+# A pass naming its tests (as the network passes do): only the reset one runs again.
+run_case
+echo b > "$scratch/reset"
+lab pass "named" env X=1 "$scratch/libtest" a b c --exact --nocapture || fail "named: the pass failed"
+expect_calls "a b c --exact --nocapture" "--exact --nocapture b"
+
+# A pass filtering by substring, with a --skip: the skip stays, the one test runs exactly.
+run_case
+echo b > "$scratch/reset"
+lab pass "filtered" "$scratch/libtest" a b --skip a || fail "filtered: the pass failed"
+expect_calls "a b --skip a" "--skip a --exact b"
+
+# A failure that is not a reset fails the pass, and is not run again.
+run_case
+echo b > "$scratch/broken"
+if lab pass "broken" "$scratch/libtest" a b c --exact; then fail "broken: the pass succeeded"; fi
+expect_calls "a b c --exact"
+grep -q "FAILED passes: broken" "$scratch/out" || fail "broken: finish did not name the pass"
+
+# A reset, then a failure in the second run: the pass fails.
+run_case
+echo b > "$scratch/reset"
+echo b > "$scratch/broken"
+if lab pass "twice" "$scratch/libtest" a b --exact; then fail "twice: the pass succeeded"; fi
+expect_calls "a b --exact" "--exact b"
+
+# The inner script run again after a lab reset: the pass that ended is not run again.
+run_case
+lab pass "kept" "$scratch/libtest" a || fail "kept: the pass failed"
+lab pass "kept" "$scratch/libtest" a || fail "kept: the second start failed"
+expect_calls "a"
+grep -q "passed before the lab guest reset" "$scratch/out" || fail "kept: not said"
+
+echo "lab-passes-check: $checks checks passed"
