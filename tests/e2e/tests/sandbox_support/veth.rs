@@ -18,6 +18,7 @@ impl VethHost {
     /// ends and the namespace's loopback up. A namespace of that name a killed run left is
     /// removed first.
     pub fn new(ns: String, pairs: &[(&str, &str)]) -> VethHost {
+        remove_leftovers();
         let (host_if, ns_if) = (format!("{ns}h"), format!("{ns}n"));
         let _ = Command::new("ip")
             .args(["netns", "del", &ns])
@@ -35,6 +36,13 @@ impl VethHost {
             "name",
             &host.ns_if,
         ]);
+        let me = std::process::id();
+        let owner = format!(
+            "{OWNER_ALIAS} ns={} pid={me} start={}",
+            host.ns,
+            start_time(me).unwrap_or_default()
+        );
+        ip(&["link", "set", "dev", &host.host_if, "alias", &owner]);
         ip(&["link", "set", &host.ns_if, "netns", &host.ns]);
         for (outside, inside) in pairs {
             ip(&["addr", "add", outside, "dev", &host.host_if]);
@@ -91,6 +99,60 @@ impl VethHost {
         command.args(["netns", "exec", &self.ns, program]);
         command
     }
+}
+
+/// What the host end of each test veth is called by (its `ifalias`), with the namespace it
+/// leads to and the test process that made it: a later run removes what a killed run left,
+/// and nothing of another job's.
+const OWNER_ALIAS: &str = "sandbox-libkrun-test";
+
+/// Removes the namespaces (and with them their veths) of test processes that are gone: a
+/// test killed mid-run leaves its namespace, whose routes then stay on the host.
+fn remove_leftovers() {
+    let Ok(out) = Command::new("ip").args(["-j", "link", "show"]).output() else {
+        return;
+    };
+    let links: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    for link in links {
+        let Some(rest) = link["ifalias"]
+            .as_str()
+            .and_then(|alias| alias.strip_prefix(OWNER_ALIAS))
+        else {
+            continue;
+        };
+        let field = |name: &str| {
+            rest.split_whitespace()
+                .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+                .map(str::to_string)
+        };
+        let (Some(ns), Some(pid), Some(start)) = (field("ns"), field("pid"), field("start")) else {
+            continue;
+        };
+        let owner_alive = pid
+            .parse()
+            .ok()
+            .and_then(start_time)
+            .is_some_and(|now| now.to_string() == start);
+        if !owner_alive {
+            println!("removing the test namespace {ns}, left by a test process that is gone");
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+            if let Some(name) = link["ifname"].as_str() {
+                let _ = Command::new("ip")
+                    .args(["link", "del", name])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// When process `pid` started (clock ticks after boot, `/proc/PID/stat`'s 22nd field): with
+/// the pid, which process it is, whatever reused the number since.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its last ')'.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 fn ip(args: &[&str]) {
