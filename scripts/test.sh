@@ -87,18 +87,14 @@ export SANDBOX_TEST_REGISTRY=$reg_addr
 step "cargo test --workspace, but for the tests of the release archive"
 # --show-output: a test that cannot run its real check on this host (no usable KVM, no
 # writable cgroups) says so on stdout, and that must reach the log even when it passes.
-# The tests that install the release archive run next, by themselves: in this pass they
-# would wait for its build (their binary comes early) while every test after them waits too.
+# The tests that install the release archive run by themselves after the ordinary user's pass
+# (see there).
 archive_tests=(installed_like_compose_it_serves_reuses_its_files_and_repairs_them
   two_installed_adapters_starting_at_once_share_one_directory
   installed_like_compose_it_boots_print_42_in_a_microvm)
 cargo_tests "cargo test --workspace (root)" \
   cargo test --workspace --no-fail-fast -- --test-threads=2 --show-output \
   --exact "${archive_tests[@]/#/--skip=}"
-
-step "the release archive's tests (install.rs), the archive built"
-cargo_tests "install.rs (root)" \
-  cargo test -p e2e-tests --test install --no-fail-fast -- --test-threads=2 --show-output
 
 step "end to end again, the adapter started as an ordinary user (how Compose runs it)"
 if [ "$(id -u)" != 0 ]; then
@@ -116,11 +112,23 @@ else
   done
   cp "$SANDBOX_AGENT_PATH" "$bin/sandbox-agent"
   chmod -R a+rX "$bin"
+  as_user=(env SANDBOX_E2E_ADAPTER_USER="$user" SANDBOX_E2E_BIN_DIR="$bin"
+    SANDBOX_E2E_ADAPTER_CGROUPS="$cgroups" SANDBOX_AGENT_PATH="$bin/sandbox-agent")
   cargo_tests "e2e as the ordinary user" \
-    env SANDBOX_E2E_ADAPTER_USER="$user" SANDBOX_E2E_BIN_DIR="$bin" \
-    SANDBOX_E2E_ADAPTER_CGROUPS="$cgroups" \
-    SANDBOX_AGENT_PATH="$bin/sandbox-agent" \
-    cargo test -p e2e-tests --no-fail-fast -- --test-threads=2 --show-output
+    "${as_user[@]}" cargo test -p e2e-tests --no-fail-fast -- --test-threads=2 --show-output \
+    --exact "${archive_tests[@]/#/--skip=}"
+fi
+
+# The tests of the release archive last, as root and as the ordinary user: the archive's
+# background build has then had both passes' time, and these tests, which wait for it, find it
+# made (in either pass they would wait for it, and every test binary after theirs with them).
+step "the release archive's tests (install.rs), the archive built"
+cargo_tests "install.rs (root)" \
+  cargo test -p e2e-tests --test install --no-fail-fast -- --test-threads=2 --show-output
+if [ -n "${as_user+set}" ]; then
+  cargo_tests "install.rs as the ordinary user" \
+    "${as_user[@]}" cargo test -p e2e-tests --test install --no-fail-fast -- --test-threads=2 \
+    --show-output
 fi
 
 step "libkrun microVMs in the VM lab"
