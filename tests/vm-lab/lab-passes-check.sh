@@ -1,7 +1,8 @@
 #!/bin/bash
 # Checks lab-passes.sh's rules on a stand-in for a libtest binary, in a second, on the host:
 # the lab itself takes half an hour, and its rules only show when a guest resets there.
-#   - a test that ended in the lab's reset runs again alone, however the pass named its tests;
+#   - a test that ended in the lab's reset, or with its microVM silent mid-exec, runs again
+#     alone, however the pass named its tests;
 #   - a `--skip NAME` of the pass stays whole in that second run;
 #   - a failure that is not the lab's reset, or a second failure, fails the pass;
 #   - a pass that ended is not run again when the inner script starts over after a reset.
@@ -11,9 +12,9 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # The stand-in: runs the tests its arguments name (words that are not options nor the value
-# of --skip), each "ok" unless its name is in $scratch/reset (it then fails once, its panic
-# showing the lab's reset, and is taken off the list) or in $scratch/broken (fails every
-# time, with no reset). Each call's arguments are appended to $scratch/calls.
+# of --skip), each "ok" unless its name is in $scratch/reset or $scratch/hang (it then fails
+# once, its panic showing the lab's reset or a microVM gone silent mid-exec, and is taken off
+# the list) or in $scratch/broken (fails every time, with neither). Each call's arguments are appended to $scratch/calls.
 cat > "$scratch/libtest" <<'EOF'
 #!/bin/bash
 scratch=$(dirname "$0")
@@ -30,6 +31,13 @@ for name in "${names[@]}"; do
     mv "$scratch/reset.new" "$scratch/reset"
     echo "thread '$name' (7) panicked at tests/e2e/tests/x.rs:1:1:"
     echo "runner log tail: [...] Received KVM_EXIT_SHUTDOWN signal"
+    echo "test $name ... FAILED"
+    failed+=("$name")
+  elif grep -qx "$name" "$scratch/hang" 2>/dev/null; then
+    grep -vx "$name" "$scratch/hang" > "$scratch/hang.new" || true
+    mv "$scratch/hang.new" "$scratch/hang"
+    echo "thread '$name' (7) panicked at tests/e2e/tests/x.rs:1:1:"
+    echo 'exec {...}: RemoteError { code: "S500", message: "internal error: agent did not answer request 1 in time" }'
     echo "test $name ... FAILED"
     failed+=("$name")
   elif grep -qx "$name" "$scratch/broken" 2>/dev/null; then
@@ -61,8 +69,8 @@ expect_calls() {
 
 # Each case in a subshell of its own, as the lab's inner script: `finish` exits.
 run_case() {
-  rm -rf "$scratch/calls" "$scratch/state" "$scratch/reset" "$scratch/broken"
-  touch "$scratch/calls" "$scratch/reset" "$scratch/broken"
+  rm -rf "$scratch/calls" "$scratch/state" "$scratch/reset" "$scratch/hang" "$scratch/broken"
+  touch "$scratch/calls" "$scratch/reset" "$scratch/hang" "$scratch/broken"
   mkdir -p "$scratch/state"
 }
 lab() {
@@ -86,6 +94,12 @@ run_case
 echo b > "$scratch/reset"
 lab pass "filtered" "$scratch/libtest" a b --skip a || fail "filtered: the pass failed"
 expect_calls "a b --skip a" "--skip a --exact b"
+
+# A microVM gone silent mid-exec (S500, its agent's answer never came): run again alone too.
+run_case
+echo c > "$scratch/hang"
+lab pass "silent" "$scratch/libtest" a b c --exact --nocapture || fail "silent: the pass failed"
+expect_calls "a b c --exact --nocapture" "--exact --nocapture c"
 
 # A failure that is not a reset fails the pass, and is not run again.
 run_case
