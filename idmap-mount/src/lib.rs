@@ -22,6 +22,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::{fork, setgroups, setresgid, setresuid, ForkResult, Gid, Uid};
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
@@ -43,27 +44,39 @@ fn c_string(path: &Path) -> io::Result<std::ffi::CString> {
 /// `userns`: on-disk id `k` appears as host id `base + k`, which the sandbox sees as `k`, and
 /// a write by the sandbox's `k` is stored as `k`. Needs host root.
 pub fn idmapped_clone(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, Some(userns), false)
+    clone_with_attrs(path, Some(userns), false, false)
 }
 
 /// [`idmapped_clone`] of the mount at `path` and every mount below it.
 pub fn idmapped_clone_tree(path: &Path, userns: &OwnedFd) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, Some(userns), true)
+    clone_with_attrs(path, Some(userns), false, true)
 }
 
 /// A detached copy of the mount at `path` with its ids as they are on disk (a directory the
 /// sandbox's subordinate ids own, see `owners.rs`).
 pub fn plain_clone(path: &Path) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, None, false)
+    clone_with_attrs(path, None, false, false)
 }
 
 /// [`plain_clone`] of the mount at `path` and every mount below it (what `mount --rbind`
 /// copies).
 pub fn plain_clone_tree(path: &Path) -> io::Result<OwnedFd> {
-    clone_with_idmap(path, None, true)
+    clone_with_attrs(path, None, false, true)
 }
 
-fn clone_with_idmap(path: &Path, userns: Option<&OwnedFd>, recursive: bool) -> io::Result<OwnedFd> {
+/// [`plain_clone_tree`], read-only: no write reaches the files through it, whatever their
+/// modes, and its other flags (nosuid, nodev) stay as they were. Needs no host root: the
+/// caller's own mounts (in a mount namespace of its user namespace) are enough.
+pub fn read_only_clone_tree(path: &Path) -> io::Result<OwnedFd> {
+    clone_with_attrs(path, None, true, true)
+}
+
+fn clone_with_attrs(
+    path: &Path,
+    userns: Option<&OwnedFd>,
+    read_only: bool,
+    recursive: bool,
+) -> io::Result<OwnedFd> {
     let at_recursive = if recursive { libc::AT_RECURSIVE } else { 0 } as libc::c_uint;
     let context = |what: &str, e: io::Error| {
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -87,15 +100,22 @@ fn clone_with_idmap(path: &Path, userns: Option<&OwnedFd>, recursive: bool) -> i
     }
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
-    let Some(userns) = userns else {
+    if userns.is_none() && !read_only {
         return Ok(tree);
-    };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
+    }
+    let mut attr = MountAttr {
+        attr_set: 0,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: 0,
     };
+    if let Some(userns) = userns {
+        attr.attr_set |= MOUNT_ATTR_IDMAP;
+        attr.userns_fd = userns.as_raw_fd() as u64;
+    }
+    if read_only {
+        attr.attr_set |= MOUNT_ATTR_RDONLY;
+    }
     let empty = c"";
     // SAFETY: `tree` is an open descriptor, `empty` a valid empty string, `attr` a properly
     // laid out mount_attr whose size is passed; the kernel only reads them.
@@ -110,7 +130,10 @@ fn clone_with_idmap(path: &Path, userns: Option<&OwnedFd>, recursive: bool) -> i
         )
     };
     if rc < 0 {
-        return Err(context("cannot idmap", io::Error::last_os_error()));
+        return Err(context(
+            "cannot set the attributes (idmap, read-only) of",
+            io::Error::last_os_error(),
+        ));
     }
     Ok(tree)
 }

@@ -319,8 +319,16 @@ impl Backend for BwrapBackend {
         }
         .join(disk::DISK_DIR)
         .join("upper");
-        crate::capture::run_capture(&self.launcher, pid, &upper, into, limit_bytes, self.id_map)
-            .await
+        // Run as the sandbox's ids where the adapter's user could not give the copy their
+        // owners (see the launcher's `--capture-layer`).
+        let mut copy = tokio::process::Command::new(&self.launcher);
+        copy.arg("--capture-layer")
+            .arg(pid.to_string())
+            .arg(&upper)
+            .arg(into)
+            .arg(limit_bytes.to_string())
+            .args(["--id-map", &self.id_map.to_arg()]);
+        layer_capture::run(copy, limit_bytes).await
     }
 
     fn remove_guest_tree(&self, path: &Path) -> std::io::Result<()> {

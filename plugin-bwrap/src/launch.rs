@@ -30,7 +30,7 @@ pub struct LaunchCommand {
     /// and where the merged root is mounted (in the launcher's private mount namespace).
     pub lower: String,
     /// Snapshot layers stacked read-only over `lower`, the top-most first (see
-    /// `capture.rs`); empty for a sandbox of the bare image.
+    /// the `layer-capture` crate); empty for a sandbox of the bare image.
     #[serde(default)]
     pub layers: Vec<String>,
     /// The sandbox's layer directory (holds upper, work and merged).

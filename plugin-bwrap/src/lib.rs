@@ -8,7 +8,6 @@
 #![deny(unsafe_code)]
 
 mod backend;
-pub mod capture;
 mod cgroup;
 pub mod disk;
 pub mod fuse_disk;

@@ -455,6 +455,46 @@ impl Backend for LibkrunBackend {
         )
     }
 
+    /// Copies the sandbox's upper directory, which lives on its runner's tmpfs in the
+    /// runner's own mount namespace, through `/proc/PID/root` of the runner (whose own root
+    /// serves it read-only for this), by the runner binary's `--capture-layer` (see
+    /// `vm_runner::capture`: why stopping the runner is a consistent point).
+    #[cfg(target_os = "linux")]
+    async fn capture_layer(
+        &self,
+        process: &dyn SandboxProcess,
+        layer_dir: &Path,
+        into: &Path,
+        limit_bytes: u64,
+    ) -> Result<u64, SandboxError> {
+        let pid = process
+            .pid()
+            .filter(|_| process.is_alive())
+            .ok_or_else(|| SandboxError::Stopped("the sandbox's process is gone".into()))?;
+        // The specification the runner was started with (ours, in the layer directory the
+        // guest never reaches) says where its root shows the upper directory.
+        let layout = Layout::new(layer_dir, false);
+        let upper = std::fs::read_to_string(&layout.spec)
+            .ok()
+            .and_then(|text| serde_json::from_str::<vm_runner::VmSpec>(&text).ok())
+            .and_then(|spec| spec.upper_seen_by_runner())
+            .ok_or_else(|| {
+                SandboxError::Internal(format!(
+                    "the runner's specification {} names no ephemeral layer to copy",
+                    layout.spec.display()
+                ))
+            })?;
+        let mut copy = Command::new(&self.runner);
+        copy.arg("--capture-layer")
+            .arg(pid.to_string())
+            .arg(&upper)
+            .arg(into)
+            .arg(limit_bytes.to_string())
+            .env_clear()
+            .envs(runner_env());
+        layer_capture::run(copy, limit_bytes).await
+    }
+
     fn boot_logs(&self, layer_dir: &Path) -> String {
         // The logs are where they are for both kinds of layer.
         let layout = Layout::new(layer_dir, false);
@@ -462,11 +502,10 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
-        // The guest's root is one virtio-fs share of the image plus its layer: no stack of
-        // snapshot layers (and this backend captures none, see `Backend::capture_layer`).
-        if !spec.snapshot_layers.is_empty() {
+        // A snapshot's layers stack under a sandbox's ephemeral layer only.
+        if spec.persistent_layer && !spec.snapshot_layers.is_empty() {
             return Err(SandboxError::BackendUnsupported(
-                "the libkrun backend cannot start a sandbox from a snapshot".into(),
+                "a worker VM cannot start from a snapshot".into(),
             ));
         }
         let egress = self.egress_for(spec)?;

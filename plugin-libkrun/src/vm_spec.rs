@@ -60,6 +60,8 @@ pub fn build(
         // adapter), else to a directory of its layer, unbounded.
         "root_overlay": {
             "lower": spec.image_root,
+            // A snapshot's layers, read-only over the image (a sandbox's only).
+            "layers": spec.snapshot_layers,
             "upper": layout.upper,
             "work": layout.work,
             "size_mib": if layout.guest_disk.is_some() {

@@ -11,7 +11,8 @@
 //! tmpfs over `/tmp` in the runner's private mount namespace; the host's `/tmp` is untouched),
 //! where the state directory's parents (`/root`, a 0700 directory) would stop them: the image
 //! root as `lower`, the sandbox's layer directory (its loop-mounted image inside) as `layer`,
-//! every other bind or share source as `bind-N`. On disk the files keep the ids the guest sees
+//! every other bind or share source as `bind-N`, a snapshot's layers as `snapshot-N` (plain
+//! copies, read-only: their files hold the range's host ids). On disk the files keep the ids the guest sees
 //! (the image's own owners, as for bwrap's root launcher). The runner then makes a mount
 //! namespace of its user namespace, where it mounts the overlay, its tmpfs and the guest's
 //! mounts as an ordinary user's runner does.
@@ -28,7 +29,7 @@ use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
 use crate::spec::{DropRoot, GuestMount, VmSpec};
 
 /// Where the idmapped copies are gathered, in the runner's private mount namespace.
-const STAGE: &str = "/tmp";
+const STAGE: &str = crate::spec::DROP_ROOT_STAGE;
 
 /// Why the runner could not give host root up (it then does not boot: never as host root).
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +161,18 @@ fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, Drop
     for mount in &mut staged.mounts {
         if let GuestMount::Bind { host_path, .. } = mount {
             *host_path = outside(host_path)?;
+        }
+    }
+    // A snapshot's layers were copied by host root from sandboxes of this same range: their
+    // files hold the range's host ids already, so they are shown as they are (read-only; an
+    // idmap would shift those ids again).
+    if let Some(overlay) = &mut staged.root_overlay {
+        for layer in &mut overlay.layers {
+            let tree = idmap_mount::read_only_clone_tree(layer)
+                .map_err(stage_error(format_args!("the snapshot layer {}", layer.display())))?;
+            let name = format!("snapshot-{}", clones.len());
+            clones.push((tree, name.clone(), true));
+            *layer = stage.join(name);
         }
     }
     for port in &mut staged.vsock {

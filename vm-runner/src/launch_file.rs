@@ -193,6 +193,7 @@ mod tests {
         let mut spec = spec();
         spec.root_overlay = Some(crate::spec::RootOverlay {
             lower: "/l".into(),
+            layers: Vec::new(),
             upper: "/d/upper".into(),
             work: "/d/work".into(),
             size_mib: Some(8),

@@ -16,13 +16,15 @@
 //! | `guest_mounts` | the extra mounts (binds, tmpfs, symlinks) made inside the root |
 //! | `drop_root` | a root runner becomes root of a user namespace of unprivileged ids before the VM starts |
 //! | `own_root` | the runner's root holds only what it serves (shares, sockets, `/dev/kvm`, `/proc`) |
+//! | [`capture`] | `--capture-layer`: a running sandbox's upper directory copied for a snapshot |
 //! | `krun`, `firmware`, `overlay`, `guest_mounts` | the only `unsafe`: libkrun calls, loading libkrunfw, mounts |
 //!
 //! The specification (`sandbox-libkrun-vm --spec PATH`, or `--spec -` for stdin):
 //!
 //! ```json
 //! {"vcpus": 1, "memory_mib": 512, "root": "/abs/rootfs",
-//!  "root_overlay": {"lower": "/abs/image", "upper": "/abs/upper", "work": "/abs/work"},
+//!  "root_overlay": {"lower": "/abs/image", "layers": ["/abs/snapshot-layer"],
+//!                   "upper": "/abs/disk/upper", "work": "/abs/disk/work", "size_mib": 512},
 //!  "shares": [{"tag": "work", "host_path": "/abs/dir", "guest_path": "/work", "read_only": false}],
 //!  "mounts": [{"kind": "tmpfs", "guest_path": "/app", "read_only": true},
 //!             {"kind": "bind", "host_path": "/abs/f", "guest_path": "/app/f", "read_only": true},
@@ -57,6 +59,8 @@
 
 // The runner itself (libkrun's KVM backend, namespaces, idmapped and overlay mounts, seccomp)
 // is Linux-only; on other hosts the crate is the specification and a probe that refuses.
+#[cfg(target_os = "linux")]
+pub mod capture;
 #[cfg(target_os = "linux")]
 mod drop_root;
 pub mod exit;

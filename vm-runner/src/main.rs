@@ -1,7 +1,9 @@
 //! sandbox-libkrun-vm: boots one libkrun microVM described by a JSON specification and
 //! exits with its workload's status. Not a manager of many VMs: see the `vm_runner` crate.
 //!
-//! Usage: `sandbox-libkrun-vm --spec PATH` (or `--spec -` for standard input).
+//! Usage: `sandbox-libkrun-vm --spec PATH` (or `--spec -` for standard input), or
+//! `sandbox-libkrun-vm --capture-layer PID UPPER INTO LIMIT` to copy a running sandbox's
+//! writable layer for a snapshot (see `vm_runner::capture`).
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -31,6 +33,10 @@ fn fail(code: i32, message: impl std::fmt::Display) -> ExitCode {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    #[cfg(target_os = "linux")]
+    if args.first().map(String::as_str) == Some("--capture-layer") {
+        return ExitCode::from(vm_runner::capture::capture_layer(&args[1..]));
+    }
     let source = match args.as_slice() {
         [flag, source] if flag == "--spec" => source.clone(),
         _ => return fail(BAD_SPEC, USAGE),

@@ -45,6 +45,19 @@ pub enum OverlayError {
     ImageNeedsRoot,
 }
 
+/// Makes the calling process root of a user namespace of its own whose only ids are its own
+/// (`0 <uid> 1`): with it, an ordinary user's process has the capabilities over its own
+/// files that a runner of the same user has over its guest's (modes do not stop it).
+pub(crate) fn become_root_of_own_namespace() -> Result<(), OverlayError> {
+    // SAFETY: geteuid/getegid take nothing and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: plain system call on the calling process; no memory is passed.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+        return Err(OverlayError::Unshare(std::io::Error::last_os_error()));
+    }
+    map_self_to_root(uid, gid)
+}
+
 /// In a user namespace just made: the caller's own ids become root, the only mapping an
 /// unprivileged process may write (and only with setgroups denied).
 fn map_self_to_root(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), OverlayError> {
@@ -141,6 +154,14 @@ pub fn mount(root: &Path, overlay: &RootOverlay, image_mounted: bool) -> Result<
         }
         mount_image(overlay)?;
     }
+    // A snapshot's layers over the image, the top-most first, as overlayfs lists them.
+    let lower = overlay
+        .layers
+        .iter()
+        .chain(std::iter::once(&overlay.lower))
+        .map(|layer| layer.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
     // Mounted by a user namespace, overlayfs keeps its own xattrs in `user.*`.
     let options = format!(
         "{}lowerdir={},upperdir={},workdir={}",
@@ -149,7 +170,7 @@ pub fn mount(root: &Path, overlay: &RootOverlay, image_mounted: bool) -> Result<
         } else {
             ""
         },
-        overlay.lower.display(),
+        lower,
         overlay.upper.display(),
         overlay.work.display()
     );

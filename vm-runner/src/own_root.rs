@@ -71,6 +71,8 @@ fn setup(what: &'static str) -> impl FnOnce(nix::Error) -> OwnRootError {
 pub struct Served {
     pub path: PathBuf,
     pub is_dir: bool,
+    /// Served read-only whatever its files' modes say.
+    pub read_only: bool,
 }
 
 impl Served {
@@ -78,12 +80,20 @@ impl Served {
         Served {
             path: path.to_path_buf(),
             is_dir: true,
+            read_only: false,
         }
     }
     fn file(path: &Path) -> Self {
         Served {
             path: path.to_path_buf(),
             is_dir: false,
+            read_only: false,
+        }
+    }
+    fn read_only_dir(path: &Path) -> Self {
+        Served {
+            read_only: true,
+            ..Served::dir(path)
         }
     }
 }
@@ -99,6 +109,13 @@ pub fn served(spec: &VmSpec) -> Vec<Served> {
         }
         if let Some(disk) = &overlay.guest_disk {
             all.push(Served::file(disk));
+        }
+        // A sandbox's upper directory, for its snapshots only: the adapter copies it through
+        // `/proc/PID/root` of this process, which is this root. Read-only: overlayfs alone
+        // writes there (a write beside it is undefined), and what it holds the guest wrote
+        // through its own root anyway.
+        if overlay.ephemeral() {
+            all.push(Served::read_only_dir(&overlay.upper));
         }
     }
     for bridge in &spec.vsock {
@@ -173,11 +190,15 @@ pub fn enter(spec: &VmSpec) -> Result<(), OwnRootError> {
     // Copies first: the tmpfs below covers BUILD_DIR, where served paths may lie.
     let mut trees: Vec<(Served, OwnedFd)> = Vec::with_capacity(served.len());
     for item in served {
-        let tree =
-            idmap_mount::plain_clone_tree(&item.path).map_err(|source| OwnRootError::Serve {
-                path: item.path.clone(),
-                source,
-            })?;
+        let clone = if item.read_only {
+            idmap_mount::read_only_clone_tree
+        } else {
+            idmap_mount::plain_clone_tree
+        };
+        let tree = clone(&item.path).map_err(|source| OwnRootError::Serve {
+            path: item.path.clone(),
+            source,
+        })?;
         trees.push((item, tree));
     }
     let build = Path::new(BUILD_DIR);
@@ -327,6 +348,61 @@ mod tests {
         assert!(
             !served.iter().any(|(p, _)| p.starts_with("image")),
             "the overlay's layers are mounted before and never opened again: {served:?}"
+        );
+    }
+
+    #[test]
+    fn a_sandboxs_upper_directory_is_served_read_only_for_its_snapshots_and_nothing_beside_it() {
+        let s = layer();
+        fs::create_dir_all(s.path().join("snapshot")).unwrap();
+        let spec = spec(
+            s.path(),
+            json!({
+                "root_overlay": {"lower": s.path().join("image"),
+                                 "layers": [s.path().join("snapshot")],
+                                 "upper": s.path().join("layer/disk/upper"),
+                                 "work": s.path().join("layer/disk/work"), "size_mib": 64},
+            }),
+        );
+        let all = served(&spec);
+        let upper: Vec<&Served> = all
+            .iter()
+            .filter(|item| item.path.starts_with(s.path().join("layer/disk")))
+            .collect();
+        assert_eq!(
+            upper,
+            [&Served::read_only_dir(&s.path().join("layer/disk/upper"))],
+            "the upper directory alone, read-only; never the work directory or the tmpfs"
+        );
+        assert!(
+            all.iter().all(|item| item.read_only == item.path.ends_with("upper")),
+            "everything else keeps its flags: {all:?}"
+        );
+        let served = paths(s.path(), &all);
+        assert!(
+            !served
+                .iter()
+                .any(|(p, _)| p.starts_with("image") || p.starts_with("snapshot")),
+            "the image and the snapshot's layers are mounted before and never opened again: \
+             {served:?}"
+        );
+    }
+
+    #[test]
+    fn a_worker_vms_persistent_layer_is_never_served() {
+        let s = layer();
+        let spec = spec(
+            s.path(),
+            json!({
+                "root_overlay": {"lower": s.path().join("image"),
+                                 "upper": s.path().join("layer/disk/upper"),
+                                 "work": s.path().join("layer/disk/work"), "size_mib": 64,
+                                 "guest_disk": s.path().join("layer/disk.img")},
+            }),
+        );
+        assert!(
+            !served(&spec).iter().any(|item| item.read_only),
+            "a worker VM has no snapshot: nothing of its layer is served beside its disk"
         );
     }
 

@@ -16,6 +16,13 @@ pub const MIN_MEMORY_MIB: u32 = 64;
 /// Arguments plus environment entries: libkrun's guest init parses its JSON config with a
 /// fixed token budget (16384 tokens), so we refuse well before hitting it.
 pub const MAX_ARGS_AND_ENV: usize = 8000;
+/// Where a root runner that gives root up gathers what the VM uses, in its private mount
+/// namespace (see `drop_root.rs`): the layer directory is `layer` there.
+pub const DROP_ROOT_STAGE: &str = "/tmp";
+
+/// The most snapshot layers a root may stack (the adapter's own bound is the same): each is
+/// one more entry of overlayfs's `lowerdir`, whose options must fit one page.
+pub const MAX_SNAPSHOT_LAYERS: usize = 16;
 /// libkrun's unix socket paths go into `sockaddr_un.sun_path` (108 bytes with the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -63,6 +70,11 @@ pub struct VsockPort {
 pub struct RootOverlay {
     /// Read-only content (never written).
     pub lower: PathBuf,
+    /// A snapshot's layers (earlier sandboxes' upper directories, copied): stacked read-only
+    /// over `lower`, the top-most first. Only under an ephemeral layer (`size_mib` without a
+    /// guest disk): a worker VM never starts from a snapshot.
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
     /// Receives every change the guest makes.
     pub upper: PathBuf,
     /// overlayfs's scratch directory; same filesystem as `upper`, empty.
@@ -92,6 +104,12 @@ pub struct RootOverlay {
 }
 
 impl RootOverlay {
+    /// An ephemeral layer held by the runner's tmpfs (a sandbox's, not a worker VM's): its
+    /// upper directory is what a snapshot copies (see `own_root.rs`).
+    pub fn ephemeral(&self) -> bool {
+        self.size_mib.is_some() && self.image.is_none() && self.guest_disk.is_none()
+    }
+
     /// Where the tmpfs of `size_mib` or the `image` is mounted: the directory holding
     /// `upper` and `work`.
     pub fn disk_dir(&self) -> Option<&Path> {
@@ -285,6 +303,8 @@ pub enum SpecError {
     NofileLimit,
     #[error("egress judges the guest's network: it needs network: true")]
     EgressWithoutNetwork,
+    #[error("root_overlay layers: {0} given; at most {MAX_SNAPSHOT_LAYERS}, and only with size_mib (an ephemeral layer, no image or guest_disk)")]
+    Layers(usize),
     #[error("root_overlay size_mib {0} must be at least 1")]
     DiskSize(u32),
     #[error("root_overlay with size_mib or image: upper and work must be two directories in one existing directory (the mount point)")]
@@ -345,6 +365,18 @@ impl VmSpec {
         Ok(spec)
     }
 
+    /// Where a running runner's mount namespace (and its root: see `own_root.rs`) shows the
+    /// upper directory of its ephemeral layer, which a snapshot copies through
+    /// `/proc/PID/root`; `None` without one.
+    pub fn upper_seen_by_runner(&self) -> Option<PathBuf> {
+        let overlay = self.root_overlay.as_ref().filter(|o| o.ephemeral())?;
+        let Some(drop) = &self.drop_root else {
+            return Some(overlay.upper.clone());
+        };
+        let relative = overlay.upper.strip_prefix(&drop.layer).ok()?;
+        Some(Path::new(DROP_ROOT_STAGE).join("layer").join(relative))
+    }
+
     /// Checks everything that can be checked before touching libkrun.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
@@ -358,13 +390,20 @@ impl VmSpec {
             if overlay.bounded() {
                 validate_disk(overlay)?;
             }
-            for (field, path) in [
+            if overlay.layers.len() > MAX_SNAPSHOT_LAYERS
+                || (!overlay.layers.is_empty() && !overlay.ephemeral())
+            {
+                return Err(SpecError::Layers(overlay.layers.len()));
+            }
+            let fields = [
                 ("lower", &overlay.lower),
                 ("upper", &overlay.upper),
                 ("work", &overlay.work),
-            ] {
+            ];
+            let layers = overlay.layers.iter().map(|layer| ("layers", layer));
+            for (field, path) in fields.into_iter().chain(layers) {
                 // With a tmpfs or an image of its own the runner makes `upper` and `work` in it.
-                if field == "lower" || !overlay.bounded() {
+                if field == "lower" || field == "layers" || !overlay.bounded() {
                     existing_dir("root_overlay", path)?;
                 } else {
                     host_absolute("root_overlay", path)?;

@@ -9,7 +9,7 @@
 //! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`), or
 //! `sandbox-bwrap-launch --capture-layer PID UPPER INTO LIMIT --id-map MAP` to copy the
 //! writable layer of the sandbox held by launcher PID into a snapshot's layer (see
-//! `capture.rs`; prints the bytes counted, exits 3 past LIMIT).
+//! the `layer-capture` crate; prints the bytes counted, exits 3 past LIMIT).
 //!
 //! stdout is the agent's channel from the start, so nothing is ever written there. stderr is a
 //! pipe into the sandbox's log, which the adapter keeps within a bound (what it shows in a
@@ -104,32 +104,20 @@ fn capture_layer(args: &[String]) -> ExitCode {
     ) else {
         return fail("usage: --capture-layer PID UPPER INTO LIMIT --id-map MAP");
     };
-    let opened = plugin_bwrap::capture::open_upper(pid, Path::new(upper)).and_then(|from| {
-        let into = plugin_bwrap::capture::open_into(Path::new(into))?;
-        Ok((from, into))
-    });
-    let (from, into) = match opened {
-        Ok(fds) => fds,
-        Err(e) => return fail(&format!("cannot open the layers: {e}")),
+    let become_owner = || {
+        if map.needs_idmapped_mounts() {
+            return Ok(());
+        }
+        userns::create(map).and_then(|userns| userns::enter(&userns, map))
     };
-    if !map.needs_idmapped_mounts() {
-        if let Err(e) = userns::create(map).and_then(|userns| userns::enter(&userns, map)) {
-            return fail(&format!(
-                "cannot enter a namespace of the sandbox's ids: {e}"
-            ));
-        }
-    }
-    match plugin_bwrap::capture::copy_layer(from, into, limit) {
-        Ok(bytes) => {
-            println!("{bytes}");
-            ExitCode::SUCCESS
-        }
-        Err(e @ plugin_bwrap::capture::CaptureError::OverBudget { .. }) => {
-            eprintln!("sandbox-bwrap-launch: {e}");
-            ExitCode::from(plugin_bwrap::capture::OVER_BUDGET_EXIT)
-        }
-        Err(e) => fail(&e.to_string()),
-    }
+    ExitCode::from(layer_capture::copy_as_process(
+        "sandbox-bwrap-launch",
+        pid,
+        Path::new(upper),
+        Path::new(into),
+        limit,
+        become_owner,
+    ))
 }
 
 fn fail(message: &str) -> ExitCode {

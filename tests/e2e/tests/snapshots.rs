@@ -1,4 +1,5 @@
-//! Snapshots and fork end to end on the bwrap backend: a sandbox's files (contents, owners,
+//! Snapshots and fork end to end on the bwrap backend, and on the libkrun plugin's microVMs
+//! where `SANDBOX_E2E_PLUGIN=libkrun` (the VM lab runs them so): a sandbox's files (contents, owners,
 //! modes, a symlink, a deleted image file, a directory that hides the image's) kept by
 //! `snapshot::create` while it keeps running; sandboxes started from the snapshot each see
 //! exactly that state and never each other's writes; the snapshot outlives its source, its own
@@ -7,7 +8,7 @@
 
 mod sandbox_support;
 
-use e2e_tests::{bwrap_usable, Stack};
+use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
 use sandbox_support::{create, expect_err, live_ids, stdout_of, stop};
 use serde_json::{json, Value};
 
@@ -26,6 +27,39 @@ const CHECK: &str = "cd /opt/app && busybox sha256sum -c blob.sum >/dev/null && 
     stat -c '%h' blob-link; stat -c '%u:%g %a' owned; busybox readlink link; cat link; \
     if [ -e /etc/motd ]; then echo motd-back; else echo motd-gone; fi; ls /opt; \
     if [ -e /opt/app/after ]; then echo after-seen; else echo after-absent; fi";
+
+fn libkrun_under_test() -> bool {
+    std::env::var("SANDBOX_E2E_PLUGIN").is_ok_and(|p| p == "libkrun")
+}
+
+/// The adapter of the plugin under test: bwrap, or libkrun (under its own adapter name).
+fn options() -> AdapterOptions {
+    let mut options = AdapterOptions::default();
+    if libkrun_under_test() {
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
+    options
+}
+
+/// Whether `test` can run here: bwrap where it is usable (else it says it did not run); the
+/// libkrun plugin must boot where it is the plugin under test, never skip.
+fn usable(test: &str) -> bool {
+    libkrun_under_test() || bwrap_usable(test)
+}
+
+/// The stack of a test, on the plugin under test, with `config`.
+async fn start(config: Value) -> Stack {
+    let stack = Stack::start(config, options()).await;
+    if libkrun_under_test() {
+        let info = stack.call("adapter::info", json!({})).await.expect("info");
+        assert_eq!(
+            info["backend"]["ready"], true,
+            "libkrun must boot here: {info}"
+        );
+    }
+    stack
+}
 
 async fn other_ids(stack: &Stack) -> bool {
     let info = stack.call("adapter::info", json!({})).await.expect("info");
@@ -56,10 +90,10 @@ fn listed(list: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_keep_a_sandboxs_files_and_their_sandboxes_never_share_writes() {
-    if !bwrap_usable("snapshots_keep_a_sandboxs_files_and_their_sandboxes_never_share_writes") {
+    if !usable("snapshots_keep_a_sandboxs_files_and_their_sandboxes_never_share_writes") {
         return;
     }
-    let mut stack = Stack::start(json!({"max_snapshot_disk_mb": 64}), Default::default()).await;
+    let mut stack = start(json!({"max_snapshot_disk_mb": 64})).await;
     let other = other_ids(&stack).await;
     let source = create(
         &stack,
@@ -227,7 +261,7 @@ async fn snapshots_keep_a_sandboxs_files_and_their_sandboxes_never_share_writes(
         .await
         .expect("snapshot of a copy");
     stack.adapter.terminate();
-    stack.restart_adapter(&Default::default()).await;
+    stack.restart_adapter(&options()).await;
     let list = stack.call("snapshot::list", json!({})).await.expect("list");
     assert_eq!(listed(&list), ["kept"], "the snapshot survives the restart");
     let again = create(&stack, "python", json!({"snapshot": "kept"})).await;
@@ -252,10 +286,10 @@ async fn snapshots_keep_a_sandboxs_files_and_their_sandboxes_never_share_writes(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_snapshot_budget_holds_and_a_refused_capture_leaves_nothing() {
-    if !bwrap_usable("the_snapshot_budget_holds_and_a_refused_capture_leaves_nothing") {
+    if !usable("the_snapshot_budget_holds_and_a_refused_capture_leaves_nothing") {
         return;
     }
-    let stack = Stack::start(json!({"max_snapshot_disk_mb": 8}), Default::default()).await;
+    let stack = start(json!({"max_snapshot_disk_mb": 8})).await;
     let id = create(&stack, "python", json!({})).await;
     let out = stdout_of(&stack, &id, "head -c 12582912 /dev/zero > /big && echo ok").await;
     assert_eq!(out, "ok\n");
@@ -318,15 +352,18 @@ async fn the_snapshot_budget_holds_and_a_refused_capture_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fork_starts_copies_that_see_the_sources_files_all_or_nothing() {
-    if !bwrap_usable("fork_starts_copies_that_see_the_sources_files_all_or_nothing") {
+    if !usable("fork_starts_copies_that_see_the_sources_files_all_or_nothing") {
         return;
     }
-    let stack = Stack::start(json!({"max_concurrent_sandboxes": 10}), Default::default()).await;
+    // Eight on bwrap; two microVMs in the VM lab, whose emulated machine has room for four
+    // guests at a time. The cap leaves one slot beside the fork and its source.
+    let count: usize = if libkrun_under_test() { 2 } else { 8 };
+    let stack = start(json!({"max_concurrent_sandboxes": count + 2})).await;
     let source = create(&stack, "python", json!({"env": {"ROLE": "source"}})).await;
     let out = stdout_of(&stack, &source, "mkdir -p /work && cd /work && head -c 1048576 /dev/urandom > data && busybox sha256sum data > data.sum && echo ok").await;
     assert_eq!(out, "ok\n");
     let forked = stack
-        .call("fork", json!({"sandbox_id": source, "count": 8}))
+        .call("fork", json!({"sandbox_id": source, "count": count}))
         .await
         .unwrap_or_else(|e| panic!("fork: {e:?}\n{}", stack.adapter.log()));
     let ids: Vec<String> = forked["sandbox_ids"]
@@ -335,7 +372,7 @@ async fn fork_starts_copies_that_see_the_sources_files_all_or_nothing() {
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(ids.len(), 8);
+    assert_eq!(ids.len(), count);
     for (n, id) in ids.iter().enumerate() {
         let out = stdout_of(&stack, id, &format!("cd /work && busybox sha256sum -c data.sum >/dev/null && echo sum-ok; echo $ROLE; echo {n} > mine; ls")).await;
         assert_eq!(out, "sum-ok\nsource\ndata\ndata.sum\nmine\n", "fork {n}");
@@ -346,7 +383,7 @@ async fn fork_starts_copies_that_see_the_sources_files_all_or_nothing() {
         "the source sees none of the forks' writes"
     );
 
-    // 9 live of 10: a fork of 2 is refused whole.
+    // One slot left: a fork of 2 is refused whole.
     let before = live_ids(&stack).await.len();
     let (code, _) = expect_err(
         stack
@@ -398,13 +435,13 @@ fn contents_under(dir: &std::path::Path) -> String {
 async fn a_guests_links_fifos_and_sparse_files_never_lead_the_copy_out_or_past_its_budget() {
     use std::os::unix::fs::FileTypeExt;
     let test = "a_guests_links_fifos_and_sparse_files_never_lead_the_copy_out_or_past_its_budget";
-    if !bwrap_usable(test) {
+    if !usable(test) {
         return;
     }
     let host = e2e_tests::host_dir();
     let canary = sandbox_support::Canary::plant(host.path(), "secret");
     let target = canary.path.display().to_string();
-    let stack = Stack::start(json!({"max_snapshot_disk_mb": 32}), Default::default()).await;
+    let stack = start(json!({"max_snapshot_disk_mb": 32})).await;
     let id = create(&stack, "python", json!({})).await;
     // Links a copy run on the host would follow to the host's file, a fifo that would hold a
     // reader, a link to the root.

@@ -436,12 +436,13 @@ fn set_xattr(fd: &OwnedFd, name: &CStr, value: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// How `sandbox-bwrap-launch --capture-layer` says the layer is over its budget.
+/// How the copying process says the layer is over its budget (its exit status).
 pub const OVER_BUDGET_EXIT: u8 = 3;
 
-/// The upper directory `upper` of the sandbox whose launcher is `pid`, as that process's
-/// mount namespace shows it (a root adapter's layer is staged, a tmpfs holds the upper
-/// directory): reached through `/proc/PID/root` with no link followed past it.
+/// The upper directory `upper` of the sandbox whose launcher (bwrap) or runner (libkrun) is
+/// `pid`, as that process's mount namespace shows it (a root adapter's layer is staged, a
+/// tmpfs holds the upper directory): reached through `/proc/PID/root` with no link followed
+/// past it.
 pub fn open_upper(pid: u32, upper: &Path) -> io::Result<OwnedFd> {
     let root = File::open(format!("/proc/{pid}/root"))?;
     let relative = upper.strip_prefix("/").unwrap_or(upper);
@@ -468,29 +469,60 @@ pub fn open_into(into: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// How long a copy may take: a sandbox's layer is bounded by its disk, so only a host under
-/// heavy load gets near it.
-const CAPTURE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Copies the sandbox's upper directory `upper` (as the mount namespace of its launcher `pid`
-/// names it) into `into` in a process of its own (`sandbox-bwrap-launch --capture-layer`),
-/// run as the sandbox's ids where the adapter's user could not give the copy their owners.
-pub async fn run_capture(
-    launcher: &Path,
+/// The copying process's side: opens the layers (before the caller changes its ids, while
+/// `/proc/PID/root` is still its to open), lets `become_owner` give the process the ids that
+/// can read every file of the layer and give the copy the same owners, copies, prints the
+/// bytes counted. Returns the process's exit status (`OVER_BUDGET_EXIT` past `limit`).
+pub fn copy_as_process(
+    program: &str,
     pid: u32,
     upper: &Path,
     into: &Path,
     limit: u64,
-    map: crate::userns::IdMap,
+    become_owner: impl FnOnce() -> io::Result<()>,
+) -> u8 {
+    let fail = |message: String| {
+        eprintln!("{program}: {message}");
+        1
+    };
+    let opened = open_upper(pid, upper).and_then(|from| Ok((from, open_into(into)?)));
+    let (from, into) = match opened {
+        Ok(fds) => fds,
+        Err(e) => return fail(format!("cannot open the layers: {e}")),
+    };
+    if let Err(e) = become_owner() {
+        return fail(format!("cannot take the ids of the sandbox's files: {e}"));
+    }
+    match copy_layer(from, into, limit) {
+        Ok(bytes) => {
+            println!("{bytes}");
+            0
+        }
+        Err(e @ CaptureError::OverBudget { .. }) => {
+            eprintln!("{program}: {e}");
+            OVER_BUDGET_EXIT
+        }
+        Err(e) => fail(e.to_string()),
+    }
+}
+
+/// How long a copy may take: a sandbox's layer is bounded by its disk, so only a host under
+/// heavy load gets near it.
+#[cfg(feature = "run")]
+const CAPTURE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs `command`, a process that copies a sandbox's layer with [`copy_as_process`] (the
+/// bwrap launcher's or the VM runner's `--capture-layer`), within a time bound, and reads
+/// its answer: the bytes it counted against `limit`.
+#[cfg(feature = "run")]
+pub async fn run(
+    mut command: tokio::process::Command,
+    limit: u64,
 ) -> Result<u64, sandbox_core::SandboxError> {
     use sandbox_core::SandboxError;
-    let copy = tokio::process::Command::new(launcher)
-        .arg("--capture-layer")
-        .arg(pid.to_string())
-        .arg(upper)
-        .arg(into)
-        .arg(limit.to_string())
-        .args(["--id-map", &map.to_arg()])
+    let program = command.as_std().get_program().to_owned();
+    let launcher = Path::new(&program);
+    let copy = command
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
