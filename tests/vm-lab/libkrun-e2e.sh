@@ -48,10 +48,15 @@ posture_bin=$(grep -o '"executable":"[^"]*/posture-[0-9a-f]*"' <<<"$posture_json
 bus_json=$(cargo test -p e2e-tests --test bus_guard --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test bus_guard --no-run; exit 1; }
 bus_bin=$(grep -o '"executable":"[^"]*/bus_guard-[0-9a-f]*"' <<<"$bus_json" | tail -1 | cut -d'"' -f4)
+# Snapshots and fork (snapshots.rs) of microVM sandboxes: the runner's upper directory
+# copied through its own root, a snapshot's layers stacked by the runner.
+snapshots_json=$(cargo test -p e2e-tests --test snapshots --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test snapshots --no-run; exit 1; }
+snapshots_bin=$(grep -o '"executable":"[^"]*/snapshots-[0-9a-f]*"' <<<"$snapshots_json" | tail -1 | cut -d'"' -f4)
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
   "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
@@ -62,7 +67,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
     # scripts/test.sh's archive, built in the background: its lock is free once it is made.
@@ -208,6 +213,23 @@ elif [ "$mode" = test ]; then
   fi
   pass "bus guard on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun FIXTURE_CACHE=/tmp/vm-lab/fixtures \
     /tmp/vm-lab/debug/deps/$(basename "$bus_bin") --skip a_guest_flooding_the_guard \$flow --nocapture --test-threads=1
+fi
+if [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
+  echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
+elif [ "$mode" = test ]; then
+  # One test at a time: the first boots four microVMs, the fork test four. As the ordinary
+  # user (whose runner's files are all its own, copied from a user namespace of its own)
+  # the snapshot's round trip and the guest's bait.
+  echo "[lab] snapshots and fork of microVM sandboxes (snapshots.rs, SANDBOX_E2E_PLUGIN=libkrun)"
+  pass "snapshots on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
+    /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture
+  if id iii-sandbox >/dev/null 2>&1; then
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+    pass "snapshots on libkrun (ordinary user)" env SANDBOX_E2E_PLUGIN=libkrun \
+      SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+      /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture \
+      snapshots_keep_a_sandboxs_files a_guests_links_fifos
+  fi
 fi
 if [ "$mode" = test ] && [ "${LAB_POSTURE:-1}" = 1 ]; then
   # Every host process of a microVM sandbox (with and without network) and a worker VM
