@@ -168,8 +168,9 @@ fn stage(spec: &VmSpec, ids: &DropRoot, userns: &OwnedFd) -> Result<VmSpec, Drop
     // idmap would shift those ids again).
     if let Some(overlay) = &mut staged.root_overlay {
         for layer in &mut overlay.layers {
-            let tree = idmap_mount::read_only_clone_tree(layer)
-                .map_err(stage_error(format_args!("the snapshot layer {}", layer.display())))?;
+            let tree = idmap_mount::read_only_clone_tree(layer).map_err(stage_error(
+                format_args!("the snapshot layer {}", layer.display()),
+            ))?;
             let name = format!("snapshot-{}", clones.len());
             clones.push((tree, name.clone(), true));
             *layer = stage.join(name);

@@ -375,7 +375,8 @@ mod tests {
             "the upper directory alone, read-only; never the work directory or the tmpfs"
         );
         assert!(
-            all.iter().all(|item| item.read_only == item.path.ends_with("upper")),
+            all.iter()
+                .all(|item| item.read_only == item.path.ends_with("upper")),
             "everything else keeps its flags: {all:?}"
         );
         let served = paths(s.path(), &all);

@@ -97,7 +97,10 @@ async fn replace_opt(stack: &Stack, id: &str) {
 
 fn kernel_before_6_6() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().ok());
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().ok());
     matches!((parts.next(), parts.next()), (Some(Some(major)), Some(Some(minor))) if (major, minor) < (6, 6))
 }
 
