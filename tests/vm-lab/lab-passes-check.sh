@@ -2,9 +2,10 @@
 # Checks lab-passes.sh's rules on a stand-in for a libtest binary, in a second, on the host:
 # the lab itself takes half an hour, and its rules only show when a guest resets there.
 #   - a test that ended in the lab's reset, or with its microVM silent mid-exec, runs again
-#     alone, however the pass named its tests;
-#   - a `--skip NAME` of the pass stays whole in that second run;
-#   - a failure that is not the lab's reset, or a second failure, fails the pass;
+#     alone, however the pass named its tests, up to twice;
+#   - a `--skip NAME` of the pass stays whole in those runs;
+#   - a failure that is not the lab's reset, a reset after the last run, or a failure of
+#     another kind in a later run, fails the pass;
 #   - a pass that ended is not run again when the inner script starts over after a reset.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -12,9 +13,10 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # The stand-in: runs the tests its arguments name (words that are not options nor the value
-# of --skip), each "ok" unless its name is in $scratch/reset or $scratch/hang (it then fails
-# once, its panic showing the lab's reset or a microVM gone silent mid-exec, and is taken off
-# the list) or in $scratch/broken (fails every time, with neither). Each call's arguments are appended to $scratch/calls.
+# of --skip), each "ok" unless its name is in $scratch/reset or $scratch/hang (it then fails,
+# its panic showing the lab's reset or a microVM gone silent mid-exec, and one line naming it
+# is taken off the list: a name listed twice fails twice) or in $scratch/broken (fails every
+# time, with neither). Each call's arguments are appended to $scratch/calls.
 cat > "$scratch/libtest" <<'EOF'
 #!/bin/bash
 scratch=$(dirname "$0")
@@ -24,13 +26,14 @@ for arg in "$@"; do
   if [ "$skip" = 1 ]; then skip=""; continue; fi
   case $arg in --skip) skip=1 ;; --*) ;; *) names+=("$arg") ;; esac
 done
-# listed NAME LIST: whether NAME is in LIST; a list of failures that happen once (reset, hang)
-# loses NAME as it answers.
+# listed NAME LIST: whether NAME is in LIST; a list of failures that happen once a line
+# (reset, hang) loses one line naming NAME as it answers.
 listed() {
   grep -qx "$1" "$scratch/$2" 2>/dev/null || return 1
   case $2 in
     broken) ;;
-    *) grep -vx "$1" "$scratch/$2" > "$scratch/$2.new" || true; mv "$scratch/$2.new" "$scratch/$2" ;;
+    *) awk -v name="$1" '!gone && $0 == name {gone = 1; next} {print}' "$scratch/$2" > "$scratch/$2.new"
+       mv "$scratch/$2.new" "$scratch/$2" ;;
   esac
 }
 failed=()
@@ -115,6 +118,20 @@ echo b > "$scratch/reset"
 echo b > "$scratch/broken"
 if lab pass "twice" "$scratch/libtest" a b --exact; then fail "twice: the pass succeeded"; fi
 expect_calls "a b --exact" "--exact b"
+
+# Cut by a reset in its first two runs (the rerun's boots met it again): a third run passes.
+run_case
+printf 'b\nb\n' > "$scratch/reset"
+lab pass "reset twice" "$scratch/libtest" a b c --exact || fail "reset twice: the pass failed"
+expect_calls "a b c --exact" "--exact b" "--exact b"
+grep -q "run 3 of at most 3" "$scratch/out" || fail "reset twice: the third run not said"
+
+# Cut by a reset in all three runs: the pass fails, and no fourth run starts.
+run_case
+printf 'b\nb\nb\n' > "$scratch/reset"
+if lab pass "reset thrice" "$scratch/libtest" a b --exact; then fail "reset thrice: the pass succeeded"; fi
+expect_calls "a b --exact" "--exact b" "--exact b"
+grep -q "FAILED passes: reset thrice" "$scratch/out" || fail "reset thrice: finish did not name the pass"
 
 # The inner script run again after a lab reset: the pass that ended is not run again.
 run_case

@@ -12,9 +12,10 @@
 # no console line), or the same silence later: a microVM whose agent answered and then, mid-exec,
 # answered nothing more until the client's wait ran out (S500 "agent did not answer request N
 # in time"; the same tests, agent and core pass on bwrap in test.sh's host passes). A failed
-# test whose own output shows one of these is run once more, alone, by
-# name (`--exact`, appended to COMMAND without the names it listed), saying so; the pass then
-# fails only if a test fails again.
+# test whose own output shows one of these is run again, alone, by name (`--exact`, appended
+# to COMMAND without the names it listed), saying so, up to LAB_RERUNS times (default 2: on a
+# loaded 2-core host a test's rerun met a reset again, both of its boots); the pass fails if a
+# test fails otherwise, or is still cut by a reset after the last run.
 # The worker-VM rounds are never run again here: they run a reset round once more themselves.
 #
 # What each pass ended with is kept in the scratch share ($lab_state), which outlives the lab
@@ -25,6 +26,7 @@
 
 lab_failed=""
 lab_failed_logs=""
+lab_reruns=${LAB_RERUNS:-2}
 lab_state=/tmp/vm-lab/passes
 mkdir -p "$lab_state"
 
@@ -70,36 +72,40 @@ pass() {
   local status=${PIPESTATUS[0]}
   echo "[lab] $label: ended (status $status) after $((SECONDS - started)) s"
   if [ "$status" = 0 ]; then echo "$out" > "$lab_state/$key.passed"; return 0; fi
-  for name in $(lab_failed_tests "$out"); do
-    case $name in *round_after_round*) again=""; break ;; esac
-    if lab_reset_in "$out" "$name"; then again="$again $name"; else again=""; break; fi
+  # Only the failed tests run again: a command that names its tests (the network passes:
+  # `NAME... --exact`) loses the names the first run ran, which would otherwise all run again
+  # beside the failed ones (each again exposed to a reset). libtest refuses `--exact` twice
+  # ("Option 'exact' given more than once"): a command that has it already gets only the names.
+  local ran arg exact=--exact
+  ran=" $(awk '/^test [A-Za-z0-9_:]+ \.\.\. / {printf "%s ", $2}' "$lab_state/$key.1.log")"
+  local rerun=() previous=""
+  for arg in "$@"; do
+    # A `--skip NAME` stays whole, whatever NAME is.
+    if [ "$previous" != --skip ]; then
+      case $ran in *" $arg "*) continue ;; esac
+    fi
+    [ "$arg" = --exact ] && exact=""
+    rerun+=("$arg")
+    previous=$arg
   done
-  if [ -n "$again" ]; then
-    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run once more:$again"
-    out=$lab_state/$key.2.log
-    # Only the failed tests run again: a command that names its tests (the network passes:
-    # `NAME... --exact`) loses the names the first run ran, which would otherwise all run again
-    # beside the failed ones (each again exposed to a reset). libtest refuses `--exact` twice
-    # ("Option 'exact' given more than once"): a command that has it already gets only the names.
-    local ran arg exact=--exact
-    ran=" $(awk '/^test [A-Za-z0-9_:]+ \.\.\. / {printf "%s ", $2}' "$lab_state/$key.1.log")"
-    local rerun=() previous=""
-    for arg in "$@"; do
-      # A `--skip NAME` stays whole, whatever NAME is.
-      if [ "$previous" != --skip ]; then
-        case $ran in *" $arg "*) continue ;; esac
-      fi
-      [ "$arg" = --exact ] && exact=""
-      rerun+=("$arg")
-      previous=$arg
+  local run=1
+  while [ "$run" -le "$lab_reruns" ]; do
+    again=""
+    for name in $(lab_failed_tests "$out"); do
+      case $name in *round_after_round*) again=""; break ;; esac
+      if lab_reset_in "$out" "$name"; then again="$again $name"; else again=""; break; fi
     done
+    [ -n "$again" ] || break
+    run=$((run + 1))
+    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run again (run $run of at most $((lab_reruns + 1))):$again"
+    out=$lab_state/$key.$run.log
     "${rerun[@]}" $exact $again 2>&1 | tee "$out"
     if [ "${PIPESTATUS[0]}" = 0 ]; then
       echo "[lab] $label: passed when run again after the lab's guest reset:$again"
       echo "$out" > "$lab_state/$key.passed"
       return 0
     fi
-  fi
+  done
   lab_failed="$lab_failed; $label"
   lab_failed_logs="$lab_failed_logs $out"
   echo "$label" > "$out.label"
