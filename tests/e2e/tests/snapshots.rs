@@ -69,12 +69,12 @@ async fn other_ids(stack: &Stack) -> bool {
 }
 
 /// The image's `/opt` (holding `a`) removed whole: overlayfs then marks the sandbox's new
-/// `/opt` opaque with an xattr. An overlay mounted from a user namespace (an ordinary user's
-/// sandbox; a libkrun runner, which gives host root up first) keeps it in `user.*`, which
-/// tmpfs, the sandbox's writable layer, stores only from Linux 6.6: before, removing a
-/// non-empty image directory fails with EIO there, once its files are gone (whiteouts need no
-/// xattr). Then `/opt` stays, empty, not opaque, and the test says the check of an opaque
-/// directory did not run; anything else fails.
+/// `/opt` opaque with an xattr. Every sandbox's overlay is mounted from a user namespace (the
+/// bwrap launcher's; the VM runner's, which gives host root up first), so the mark is kept in
+/// `user.*`, which tmpfs, the sandbox's writable layer, stores only from Linux 6.6: before,
+/// removing a non-empty image directory fails with EIO, once its files are gone (whiteouts
+/// need no xattr). Then `/opt` stays, empty, not opaque, and the test says the check of an
+/// opaque directory did not run; anything else fails.
 const REPLACE_OPT: &str = "test -f /opt/a; if rm -rf /opt 2>/tmp/rm.err; then echo replaced; \
     elif grep -q 'Input/output error' /tmp/rm.err; then echo no-opaque-dirs; else cat /tmp/rm.err; fi";
 
