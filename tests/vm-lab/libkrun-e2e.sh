@@ -195,7 +195,7 @@ elif [ "$mode" = test ]; then
     # In CI, as root and as the ordinary user (what differs: who owns the runner's
     # namespaces), the boundary: the first test and the bus test. The policy's narrowing, DNS
     # and names (the egress crate's, as on bwrap, whose host passes run them) as root in the
-    # `more` suite.
+    # "more" suite.
     tests="network_on_reaches_the_public_side_only_and_off_reaches_nothing a_sandbox_cannot_reach_the_bus_but_a_worker_vm_can_and_nothing_else"
     more="allow_and_deny_narrow_the_policy_and_a_create_cannot_widen_it dns_goes_to_our_proxy_whatever_server_is_asked_and_survives_a_flood a_name_in_network_deny_or_allow_judges_the_addresses_it_resolved_to"
     [ "$suite" = ci ] || tests="\$more"
@@ -217,10 +217,10 @@ elif [ "$mode" = test ]; then
   echo "[lab] sandboxes on the bus through the guard, on libkrun (bus_guard.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
   FIXTURE_CACHE=/tmp/vm-lab/fixtures bash $(printf '%q' "$repo")/tests/fixtures/build-fixtures.sh \
     "\$SANDBOX_TEST_REGISTRY" pysdk >/dev/null
-  # The code runner's whole flow on libkrun runs in the `more` suite (or with LAB_BUS_FLOW=1):
+  # The code runner's whole flow on libkrun runs in the "more" suite (or with LAB_BUS_FLOW=1):
   # its guest serves guest::hello, calls host::allowed and is refused the rest; once it waited
   # without end after the guest's calls, cause unknown (a watchdog now names the step), so CI
-  # leaves it out; the `more` suite runs it alone.
+  # leaves it out; the "more" suite runs it alone.
   flow="--skip the_code_runners_flow"
   if [ "$suite" = more ]; then flow="the_code_runners_flow"
   elif [ "${LAB_BUS_FLOW:-0}" = 1 ]; then flow=""; else
@@ -229,63 +229,58 @@ elif [ "$mode" = test ]; then
   pass "bus guard on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun FIXTURE_CACHE=/tmp/vm-lab/fixtures \
     /tmp/vm-lab/debug/deps/$(basename "$bus_bin") --skip a_guest_flooding_the_guard \$flow --nocapture --test-threads=1
 fi
-if [ "$suite" = more ]; then
-  : # the `more` suite: the network and bus passes above only
-elif [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
-  echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
-elif [ "$mode" = test ]; then
-  # One test at a time: the first boots four microVMs, the fork test four. As the ordinary
-  # user (whose runner's files are all its own, copied from a user namespace of its own)
-  # the snapshot's round trip and the guest's bait.
-  echo "[lab] snapshots and fork of microVM sandboxes (snapshots.rs, SANDBOX_E2E_PLUGIN=libkrun)"
-  pass "snapshots on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
-    /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture
-  if id iii-sandbox >/dev/null 2>&1; then
-    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
-    pass "snapshots on libkrun (ordinary user)" env SANDBOX_E2E_PLUGIN=libkrun \
-      SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
-      /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture \
-      snapshots_keep_a_sandboxs_files a_guests_links_fifos
+# The "more" suite runs the network and bus passes above only.
+if [ "$suite" = ci ]; then
+  if [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
+    echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
+  elif [ "$mode" = test ]; then
+    # One test at a time: the first boots four microVMs, the fork test four. As the ordinary
+    # user (whose runner's files are all its own, copied from a user namespace of its own)
+    # the snapshot's round trip and the guest's bait.
+    echo "[lab] snapshots and fork of microVM sandboxes (snapshots.rs, SANDBOX_E2E_PLUGIN=libkrun)"
+    pass "snapshots on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
+      /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture
+    if id iii-sandbox >/dev/null 2>&1; then
+      chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+      pass "snapshots on libkrun (ordinary user)" env SANDBOX_E2E_PLUGIN=libkrun \
+        SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+        /tmp/vm-lab/debug/deps/$(basename "$snapshots_bin") --test-threads=1 --nocapture \
+        snapshots_keep_a_sandboxs_files a_guests_links_fifos
+    fi
   fi
-fi
-if [ "$suite" = more ]; then
-  : # the `more` suite: the network and bus passes above only
-elif [ "$mode" = test ] && [ "${LAB_POSTURE:-1}" = 1 ]; then
-  # Every host process of a microVM sandbox (with and without network) and a worker VM
-  # against tests/e2e/posture/libkrun-{root,user}.toml; a drift prints the observed table.
-  echo "[lab] the host processes' posture on libkrun (posture.rs), as root and as iii-sandbox"
-  pass "posture on libkrun (root)" /tmp/vm-lab/debug/deps/$(basename "$posture_bin") \
-    libkrun_host_processes_match_their_table --exact --nocapture
-  if id iii-sandbox >/dev/null 2>&1; then
-    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
-    pass "posture on libkrun (ordinary user)" env SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
-      /tmp/vm-lab/debug/deps/$(basename "$posture_bin") libkrun_host_processes_match_their_table --exact --nocapture
+  if [ "$mode" = test ] && [ "${LAB_POSTURE:-1}" = 1 ]; then
+    # Every host process of a microVM sandbox (with and without network) and a worker VM
+    # against tests/e2e/posture/libkrun-{root,user}.toml; a drift prints the observed table.
+    echo "[lab] the host processes' posture on libkrun (posture.rs), as root and as iii-sandbox"
+    pass "posture on libkrun (root)" /tmp/vm-lab/debug/deps/$(basename "$posture_bin") \
+      libkrun_host_processes_match_their_table --exact --nocapture
+    if id iii-sandbox >/dev/null 2>&1; then
+      chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+      pass "posture on libkrun (ordinary user)" env SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+        /tmp/vm-lab/debug/deps/$(basename "$posture_bin") libkrun_host_processes_match_their_table --exact --nocapture
+    fi
   fi
-fi
-if [ "$suite" = more ]; then
-  : # the `more` suite: the network and bus passes above only
-elif [ "$mode" = test ] && [ "${LAB_AS_USER:-1}" != 1 ]; then
-  echo "[lab] the ordinary-user libkrun run DID NOT RUN: LAB_AS_USER is not 1"
-elif [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
-  # How Compose runs the adapter: an ordinary user with /dev/kvm through its group. The
-  # sandbox and worker VM tests (the escape and tuning ones ran as root above), and the
-  # worker-VM rounds in a row (LIBKRUN_USER_WORKER_ROUNDS: 5 in CI, 20 in the soak job).
-  echo "[lab] the libkrun e2e again, the adapter as the ordinary user iii-sandbox"
-  chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
-  pass "libkrun e2e (ordinary user)" env SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
-    LIBKRUN_WORKER_ROUNDS=\$user_rounds \
-    /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args microvm_sandboxes worker_vm
-elif [ "$mode" = test ]; then
-  echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
-fi
-if [ "$suite" = more ]; then
-  : # the `more` suite: the network and bus passes above only
-elif [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" != 1 ]; then
-  echo "[lab] the install test on libkrun DID NOT RUN: LAB_INSTALL is not 1"
-elif [ "$mode" = test ]; then
-  echo "[lab] installed as Compose installs it, on libkrun by name"
-  pass "install test" env SANDBOX_RELEASE_DIR=/tmp/vm-lab/release /tmp/vm-lab/debug/deps/$(basename "$install_bin") \
-    installed_like_compose_it_boots_print_42_in_a_microvm --exact --nocapture
+  if [ "$mode" = test ] && [ "${LAB_AS_USER:-1}" != 1 ]; then
+    echo "[lab] the ordinary-user libkrun run DID NOT RUN: LAB_AS_USER is not 1"
+  elif [ "$mode" = test ] && id iii-sandbox >/dev/null 2>&1; then
+    # How Compose runs the adapter: an ordinary user with /dev/kvm through its group. The
+    # sandbox and worker VM tests (the escape and tuning ones ran as root above), and the
+    # worker-VM rounds in a row (LIBKRUN_USER_WORKER_ROUNDS: 5 in CI, 20 in the soak job).
+    echo "[lab] the libkrun e2e again, the adapter as the ordinary user iii-sandbox"
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+    pass "libkrun e2e (ordinary user)" env SANDBOX_E2E_ADAPTER_USER=iii-sandbox SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug \
+      LIBKRUN_WORKER_ROUNDS=\$user_rounds \
+      /tmp/vm-lab/debug/deps/$(basename "$test_bin") $test_args microvm_sandboxes worker_vm
+  elif [ "$mode" = test ]; then
+    echo "[lab] ordinary-user libkrun e2e DID NOT RUN: no user iii-sandbox (tests/e2e/ordinary-user.sh makes it)"
+  fi
+  if [ "$mode" = test ] && [ "${LAB_INSTALL:-1}" != 1 ]; then
+    echo "[lab] the install test on libkrun DID NOT RUN: LAB_INSTALL is not 1"
+  elif [ "$mode" = test ]; then
+    echo "[lab] installed as Compose installs it, on libkrun by name"
+    pass "install test" env SANDBOX_RELEASE_DIR=/tmp/vm-lab/release /tmp/vm-lab/debug/deps/$(basename "$install_bin") \
+      installed_like_compose_it_boots_print_42_in_a_microvm --exact --nocapture
+  fi
 fi
 # A VM runner killed by its seccomp filter (vm-runner: a system call libkrun made that its
 # allowlist lacks) shows in the kernel's log with the call's number.
