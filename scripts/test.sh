@@ -44,6 +44,32 @@ failure_digest() {
     # A pass that failed before any test ran (a build error) names its target instead.
     grep -E '^error(\[E[0-9]+\])?: |^    `-p ' "$work/$label.log" | head -n 40 || true
   done
+  failure_summary
+}
+# The digest's panics may each carry a whole adapter log, so a log cut to its last screen
+# shows only the last one: this prints, last of all, one line per failing test (its name and
+# the first line of its panic message) and the lab's lines that say which pass ended how.
+failure_summary() {
+  local label
+  echo
+  echo "=== in short (each failing test: the first line of its panic)"
+  for label in "${failed[@]}"; do
+    echo "$label:"
+    [ -f "$work/$label.log" ] || continue
+    # Only under libtest's "failures:" heading: --show-output prints the passing tests' output too.
+    awk '
+      /^failures:$/ { failures = 1; next }
+      /^successes:$/ || /^test result:/ { failures = 0; next }
+      /^---- .* stdout ----$/ { name = $2; next }
+      failures && /^thread .* panicked at / { want = 1; next }
+      want { print "  " name ": " substr($0, 1, 220); want = 0 }
+    ' "$work/$label.log" | sort -u | head -n 30
+    # A test binary that ended without its list of failures (killed, aborted) shows only here.
+    grep -a -E "^error: test failed|process didn't exit successfully" "$work/$label.log" \
+      | cut -c1-220 | head -n 10 || true
+    grep -a -E '^\[lab\] .*(ended \(status [1-9]|FAILED|again)|LAB GUEST RESET|NOT BOOTED|lab boot tests exit' \
+      "$work/$label.log" | cut -c1-220 | head -n 30 || true
+  done
 }
 
 # Whatever ran before (the quickstart installs without the VM lab), this installs what the
