@@ -82,6 +82,7 @@ lab() {
     # shellcheck source=tests/vm-lab/lab-passes.sh
     . "$here/lab-passes.sh"
     lab_state=$scratch/state
+    lab_rerun_pause=0
     "$@"
     finish
   ) > "$scratch/out" 2>&1

@@ -14,8 +14,10 @@
 # in time"; the same tests, agent and core pass on bwrap in test.sh's host passes). A failed
 # test whose own output shows one of these is run again, alone, by name (`--exact`, appended
 # to COMMAND without the names it listed), saying so, up to LAB_RERUNS times (default 2: on a
-# loaded 2-core host a test's rerun met a reset again, both of its boots); the pass fails if a
-# test fails otherwise, or is still cut by a reset after the last run.
+# loaded 2-core host a test's rerun met a reset again, both of its boots), each after a pause
+# of LAB_RERUN_PAUSE seconds (default 15: the resets come in bursts, both boots of one create
+# a second apart, then none for minutes); the pass fails if a test fails otherwise, or is
+# still cut by a reset after the last run.
 # The worker-VM rounds are never run again here: they run a reset round once more themselves.
 #
 # What each pass ended with is kept in the scratch share ($lab_state), which outlives the lab
@@ -27,6 +29,7 @@
 lab_failed=""
 lab_failed_logs=""
 lab_reruns=${LAB_RERUNS:-2}
+lab_rerun_pause=${LAB_RERUN_PAUSE:-15}
 lab_state=/tmp/vm-lab/passes
 mkdir -p "$lab_state"
 
@@ -97,7 +100,8 @@ pass() {
     done
     [ -n "$again" ] || break
     run=$((run + 1))
-    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run again (run $run of at most $((lab_reruns + 1))):$again"
+    echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run again in ${lab_rerun_pause} s (run $run of at most $((lab_reruns + 1))):$again"
+    sleep "$lab_rerun_pause"
     out=$lab_state/$key.$run.log
     "${rerun[@]}" $exact $again 2>&1 | tee "$out"
     if [ "${PIPESTATUS[0]}" = 0 ]; then

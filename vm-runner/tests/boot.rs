@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{busybox_root, run, spec, static_busybox};
+use support::{busybox_root, run, spec, static_busybox, REBOOT_PAUSE};
 use tempfile::TempDir;
 
 /// Says loudly (past the test harness's capture) that a test did not run its checks.
@@ -393,15 +393,16 @@ fn runner_dies_with_its_parent() {
     let spec_path = dir.path().join("sleep.json");
     std::fs::write(&spec_path, spec(&root, "/bin/sleep", &["120"]).to_string()).unwrap();
     // A runner that ended before its parent was killed because the lab's emulated CPU reset
-    // its guest (as `support::run` tells apart) is started once more, saying so; a second
-    // early end fails the test, and so does any other.
+    // its guest (as `support::run` tells apart) is started once more after the same pause,
+    // saying so; a second early end fails the test, and so does any other.
     let (mut parent, runner) = match start_under_a_parent(dir.path(), &spec_path) {
         Ok(started) => started,
         Err(first) if first.guest_reset() => {
             eprintln!(
-                "*** the guest reset before the parent was killed (KVM_EXIT_SHUTDOWN): booting it once more ***\nits runner's stderr: {}",
+                "*** the guest reset before the parent was killed (KVM_EXIT_SHUTDOWN): booting it once more in {REBOOT_PAUSE:?} ***\nits runner's stderr: {}",
                 first.stderr.trim_end()
             );
+            std::thread::sleep(REBOOT_PAUSE);
             start_under_a_parent(dir.path(), &spec_path).unwrap_or_else(|again| {
                 panic!("the runner exited before its parent was killed, twice: {again:?}")
             })
