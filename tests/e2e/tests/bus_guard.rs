@@ -396,8 +396,9 @@ async fn reaping_takes_a_guests_functions_off_the_bus() {
     let stack = stack_with(json!({"sandbox_bus_access": true})).await;
     let url = format!("ws://localhost:{}", engine_port(&stack));
     // Long enough for the guest to import the SDK and register before it is reaped: a
-    // microVM under the VM lab's emulation takes tens of seconds for it.
-    let idle = if libkrun_under_test() { 60 } else { 3 };
+    // microVM under the VM lab's emulation takes tens of seconds for it, and once (a CI
+    // rehearsal whose lab was slow) more than 60.
+    let idle = if libkrun_under_test() { 120 } else { 3 };
     let id = create(
         &stack,
         "pysdk",
@@ -420,11 +421,17 @@ async fn reaping_takes_a_guests_functions_off_the_bus() {
         )),
     )
     .await;
-    stack
+    // Until the reaping at the latest: a guest that has not registered by then never will.
+    if let Err(e) = stack
         .client
-        .wait_for_function("guest::hello", None, Duration::from_secs(60))
+        .wait_for_function("guest::hello", None, Duration::from_secs(idle.max(60)))
         .await
-        .expect("guest::hello served");
+    {
+        panic!(
+            "guest::hello was not served before the sandbox's idle reaping ({idle} s): {e:?}\n{}",
+            stack.adapter.log()
+        );
+    }
     let took = gone_from_the_bus(&stack, "guest::hello", Duration::from_secs(idle)).await;
     println!("guest::hello left the bus {took:?} after it showed (idle timeout {idle} s)");
     assert!(took.is_some(), "guest::hello outlived its reaped sandbox");
