@@ -52,22 +52,31 @@ failure_digest() {
 failure_summary() {
   local label
   echo
-  echo "=== in short (each failing test: the first line of its panic)"
+  echo "=== in short (each failing test: the first line of its panic; a lab test run again"
+  echo "    after a guest reset is listed too, and the [lab] lines say whether it then passed)"
   for label in "${failed[@]}"; do
     echo "$label:"
     [ -f "$work/$label.log" ] || continue
-    # Only under libtest's "failures:" heading: --show-output prints the passing tests' output too.
+    # Not under libtest's "successes:" heading (--show-output prints the passing tests' output
+    # too); the name from the panic's own thread, which a pass run with --nocapture needs.
     awk '
-      /^failures:$/ { failures = 1; next }
-      /^successes:$/ || /^test result:/ { failures = 0; next }
-      /^---- .* stdout ----$/ { name = $2; next }
-      failures && /^thread .* panicked at / { want = 1; next }
-      want { print "  " name ": " substr($0, 1, 220); want = 0 }
+      /^successes:$/ { passed = 1; next }
+      /^failures:$/ || /^test result:/ || /^running [0-9]+ tests?$/ { passed = 0; next }
+      !passed && /thread .* panicked at / {
+        name = $0; sub(/^.*thread \047/, "", name); sub(/\047.*$/, "", name); want = 1; next
+      }
+      # A call that failed names what it sent first: its error is what says why.
+      want {
+        at = index($0, "RemoteError")
+        if (at > 80) print "  " name ": " substr($0, 1, 60) " [...] " substr($0, at, 200)
+        else print "  " name ": " substr($0, 1, 260)
+        want = 0
+      }
     ' "$work/$label.log" | sort -u | head -n 30
     # A test binary that ended without its list of failures (killed, aborted) shows only here.
     grep -a -E "^error: test failed|process didn't exit successfully" "$work/$label.log" \
       | cut -c1-220 | head -n 10 || true
-    grep -a -E '^\[lab\] .*(ended \(status [1-9]|FAILED|again)|LAB GUEST RESET|NOT BOOTED|lab boot tests exit' \
+    grep -a -E '^\[lab\] .*(ended \(status [1-9]|FAILED|run again)|LAB GUEST RESET|NOT BOOTED|lab boot tests exit' \
       "$work/$label.log" | cut -c1-220 | head -n 30 || true
   done
 }
