@@ -399,10 +399,14 @@ async fn reaping_takes_a_guests_functions_off_the_bus() {
     // microVM under the VM lab's emulation takes tens of seconds for it, and once (a CI
     // rehearsal whose lab was slow) more than 60.
     let idle = if libkrun_under_test() { 120 } else { 3 };
+    // The guest serves past the reaping: only the reaper may take it off the bus.
+    let serve_secs = (10 * idle).to_string();
     let id = create(
         &stack,
         "pysdk",
-        json!({"network": true, "env": {"III_URL": url}, "idle_timeout_secs": idle}),
+        json!({"network": true,
+               "env": {"III_URL": url, "GUEST_SERVE_SECS": serve_secs},
+               "idle_timeout_secs": idle}),
     )
     .await;
     stack
@@ -435,8 +439,8 @@ async fn reaping_takes_a_guests_functions_off_the_bus() {
     let took = gone_from_the_bus(&stack, "guest::hello", Duration::from_secs(idle)).await;
     println!("guest::hello left the bus {took:?} after it showed (idle timeout {idle} s)");
     assert!(took.is_some(), "guest::hello outlived its reaped sandbox");
-    // A sandbox that left the bus for another reason (its guest ended: under the VM lab's
-    // emulation, a reset) is still listed, with its cause: shown, so the lab tells it apart.
+    // A sandbox whose guest left the bus for another reason (under the VM lab's emulation, a
+    // reset) is still listed, with its cause: shown, so the lab tells it apart.
     let reaped = eventually(Duration::from_secs(30), || async {
         !sandbox_support::live_ids(&stack).await.contains(&id)
     })

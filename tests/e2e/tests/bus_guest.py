@@ -5,7 +5,7 @@
 #       registers guest::hello and guest::stop (and each register:ID), then calls each
 #       CALL_ID once ({"sandbox_id": $OTHER_SANDBOX} as its payload) and prints one JSON line
 #       {CALL_ID: {"ok": answer} | {"code", "message"}, "ms"}; then "serving", and serves
-#       until guest::stop is called (60 s at most)
+#       until guest::stop is called (GUEST_SERVE_SECS from the environment at most, else 60)
 #   bus_guest.py announce NAME
 #       connects as worker NAME; prints "refused CODE" when the connection is refused, else
 #       "accepted"
@@ -58,7 +58,7 @@ def serve(args):
         results[function_id] = result
     print(json.dumps(results), flush=True)
     print("serving", flush=True)
-    done.wait(60)
+    done.wait(float(os.environ.get("GUEST_SERVE_SECS", "60")))
     worker.shutdown()
 
 
