@@ -18,7 +18,7 @@
 # of LAB_RERUN_PAUSE seconds (default 15: the resets come in bursts, both boots of one create
 # a second apart, then none for minutes); the pass fails if a test fails otherwise, or is
 # still cut by a reset after the last run.
-# The worker-VM rounds are never run again here: they run a reset round once more themselves.
+# The worker-VM rounds are never run again here: they run a reset round again themselves.
 #
 # What each pass ended with is kept in the scratch share ($lab_state), which outlives the lab
 # guest: when the whole lab guest resets (its L1 kernel under emulated nested SVM panics now and

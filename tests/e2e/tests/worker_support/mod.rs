@@ -83,6 +83,11 @@ pub async fn wait_log(
     log
 }
 
+/// How many times [`worker_vm_rounds`] runs a round again after the lab's guest reset.
+const ROUND_RERUNS: usize = 2;
+/// How long it waits first, for a burst of resets to pass.
+const ROUND_RERUN_PAUSE: Duration = Duration::from_secs(15);
+
 /// The worker VM's whole life, `rounds` times in a row on one stack (workers.rs on bwrap,
 /// libkrun.rs in the VM lab): a worker that connects back to the engine and registers a
 /// function, called through the engine; `status`; the adapter killed with SIGKILL and started
@@ -96,11 +101,6 @@ pub async fn wait_log(
 /// resets come in bursts: both boots of one create a second apart, then none for minutes), up
 /// to [`ROUND_RERUNS`] times, saying so and counted in the last line; one more reset in the
 /// same round fails the test.
-/// How many times [`worker_vm_rounds`] runs a round again after the lab's guest reset.
-const ROUND_RERUNS: usize = 2;
-/// How long it waits first, for a burst of resets to pass.
-const ROUND_RERUN_PAUSE: Duration = Duration::from_secs(15);
-
 pub async fn worker_vm_rounds(
     stack: &mut Stack,
     options: &AdapterOptions,
