@@ -11,6 +11,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -287,23 +289,31 @@ fn vsock_round_trip_in_both_directions() {
     let host_sock = dir.path().join("host-listens.sock");
     let guest_sock = dir.path().join("guest-listens.sock");
 
-    // Host listens: the guest connects to CID 2 port 2001 and gets "pong:" + its line.
+    // Host listens: the guest connects to CID 2 port 2001 and gets "pong:" + its line. Every
+    // connection is answered, so a boot again after a lab guest reset that came after the
+    // guest's connection is answered too.
     let listener = UnixListener::bind(&host_sock).unwrap();
-    let host_side = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        let mut line = String::new();
-        BufReader::new(conn.try_clone().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        conn.write_all(format!("pong:{line}").as_bytes()).unwrap();
-        line
+    let (lines_heard, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut line = String::new();
+            let Ok(reading) = conn.try_clone() else {
+                continue;
+            };
+            if BufReader::new(reading).read_line(&mut line).is_ok() {
+                let _ = conn.write_all(format!("pong:{line}").as_bytes());
+                let _ = lines_heard.send(line);
+            }
+        }
     });
     // Guest listens on port 2000: the host connects through the socket libkrun creates,
-    // retrying until the guest's listener is up (earlier connections are dropped).
+    // retrying until the guest's listener is up (earlier connections are dropped), for as
+    // long as the runner (and any boot again) runs.
     let guest_sock_for_thread = guest_sock.clone();
+    let runner_done = Arc::new(AtomicBool::new(false));
+    let stop = runner_done.clone();
     let guest_side = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(170);
-        while Instant::now() < deadline {
+        while !stop.load(Ordering::Relaxed) {
             if let Ok(mut conn) = UnixStream::connect(&guest_sock_for_thread) {
                 conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let _ = conn.write_all(b"ping-from-host\n");
@@ -324,9 +334,14 @@ fn vsock_round_trip_in_both_directions() {
         {"port": 2000, "socket": guest_sock, "direction": "guest-listens"}
     ]);
     let out = run(dir.path(), &vm);
+    runner_done.store(true, Ordering::Relaxed);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.lines().contains(&"pong:ping-from-guest"), "{out:?}");
-    assert_eq!(host_side.join().unwrap(), "ping-from-guest\n");
+    let lines: Vec<String> = heard.try_iter().collect();
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l == "ping-from-guest\n"),
+        "{lines:?}"
+    );
     assert_eq!(
         guest_side.join().unwrap().as_deref(),
         Some("echo:ping-from-host\n")

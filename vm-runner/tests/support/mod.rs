@@ -100,6 +100,7 @@ pub fn run(dir: &Path, spec: &Value) -> Outcome {
             outcome.stderr.trim_end()
         );
         std::thread::sleep(REBOOT_PAUSE);
+        remove_guest_listens_sockets(spec);
         outcome = run_once(dir, spec);
     }
     assert!(
@@ -107,6 +108,26 @@ pub fn run(dir: &Path, spec: &Value) -> Outcome {
         "the last boot ended the same way: {outcome:?}"
     );
     outcome
+}
+
+/// The runner creates each guest-listens socket and refuses a spec naming one that exists, so
+/// a boot again first removes what the lost boot made, as the adapter does before each boot.
+fn remove_guest_listens_sockets(spec: &Value) {
+    let bridges = spec["vsock"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for bridge in bridges {
+        if bridge["direction"] == "guest-listens" {
+            if let Some(socket) = bridge["socket"].as_str() {
+                match std::fs::remove_file(socket) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => panic!("removing the lost boot's socket {socket}: {e}"),
+                }
+            }
+        }
+    }
 }
 
 impl Outcome {
