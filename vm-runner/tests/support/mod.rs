@@ -100,7 +100,7 @@ pub fn run(dir: &Path, spec: &Value) -> Outcome {
             outcome.stderr.trim_end()
         );
         std::thread::sleep(REBOOT_PAUSE);
-        remove_guest_listens_sockets(spec);
+        undo_lost_boot(spec);
         outcome = run_once(dir, spec);
     }
     assert!(
@@ -110,9 +110,11 @@ pub fn run(dir: &Path, spec: &Value) -> Outcome {
     outcome
 }
 
-/// The runner creates each guest-listens socket and refuses a spec naming one that exists, so
-/// a boot again first removes what the lost boot made, as the adapter does before each boot.
-fn remove_guest_listens_sockets(spec: &Value) {
+/// Undoes what a lost boot may have left that a boot again must not meet: the runner creates
+/// each guest-listens socket and refuses a spec naming one that exists (the adapter removes it
+/// before each boot), and a guest lost in its workload may have written the root overlay's
+/// upper layer, which the test then checks.
+fn undo_lost_boot(spec: &Value) {
     let bridges = spec["vsock"]
         .as_array()
         .map(Vec::as_slice)
@@ -120,13 +122,25 @@ fn remove_guest_listens_sockets(spec: &Value) {
     for bridge in bridges {
         if bridge["direction"] == "guest-listens" {
             if let Some(socket) = bridge["socket"].as_str() {
-                match std::fs::remove_file(socket) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => panic!("removing the lost boot's socket {socket}: {e}"),
-                }
+                remove(Path::new(socket), |p| std::fs::remove_file(p));
             }
         }
+    }
+    for layer in ["upper", "work"] {
+        if let Some(dir) = spec["root_overlay"][layer].as_str().map(Path::new) {
+            if dir.is_dir() {
+                remove(dir, |p| std::fs::remove_dir_all(p));
+                std::fs::create_dir(dir).unwrap();
+            }
+        }
+    }
+}
+
+fn remove(path: &Path, how: fn(&Path) -> std::io::Result<()>) {
+    match how(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing what the lost boot left, {}: {e}", path.display()),
     }
 }
 
