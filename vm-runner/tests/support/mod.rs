@@ -126,12 +126,22 @@ fn undo_lost_boot(spec: &Value) {
             }
         }
     }
-    for layer in ["upper", "work"] {
-        if let Some(dir) = spec["root_overlay"][layer].as_str().map(Path::new) {
-            if dir.is_dir() {
-                remove(dir, |p| std::fs::remove_dir_all(p));
-                std::fs::create_dir(dir).unwrap();
-            }
+    // The work directory may stay: the overlay's mount empties it (its `work/work` is 000,
+    // which an ordinary user could not even list).
+    if let Some(upper) = spec["root_overlay"]["upper"].as_str().map(Path::new) {
+        if upper.is_dir() {
+            // The guest's directories may lack the owner's write bit; they are all ours.
+            let writable = Command::new("chmod")
+                .arg("-R")
+                .arg("u+rwx")
+                .arg(upper)
+                .status();
+            assert!(
+                writable.is_ok_and(|s| s.success()),
+                "chmod -R u+rwx {upper:?}"
+            );
+            remove(upper, |p| std::fs::remove_dir_all(p));
+            std::fs::create_dir(upper).unwrap();
         }
     }
 }
