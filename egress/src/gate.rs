@@ -51,6 +51,7 @@ pub fn connect_gated(
     // resolvers and the forwarder's to the bus are made there.
     let proxy =
         DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
+    let host_addrs = crate::network::host_addresses();
     let forwarder = setup
         .bus_forward
         .map(|line| BusForwarder::fork(line.to))
@@ -60,7 +61,7 @@ pub fn connect_gated(
         .map_err(|e| format!("cannot make the sandbox's gate namespace: {e}"))?;
     // nft works while the gate links itself and pasta comes up: nothing can cross the gate
     // before the sandbox runs, and it runs only once the whole policy is in force.
-    let rules = netns::start_loading_rules(setup)?;
+    let rules = netns::start_loading_rules(setup, &host_addrs)?;
     netns::loopback_up().map_err(|e| format!("cannot bring the gate's loopback up: {e}"))?;
     let v6 = std::path::Path::new("/proc/net/if_inet6").exists();
     enable_forwarding(v6)?;

@@ -19,6 +19,8 @@ pub mod forward;
 #[cfg(target_os = "linux")]
 pub mod gate;
 #[cfg(target_os = "linux")]
+pub mod host_watch;
+#[cfg(target_os = "linux")]
 pub mod netns;
 pub mod network;
 pub mod policy;

@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -23,7 +24,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{dup2, fork, ForkResult, Pid};
 
 use crate::dns::Listeners;
-use crate::network::{NetworkSetup, DNS_PROXY_PORT};
+use crate::network::{host_elements, NetworkSetup, DNS_PROXY_PORT};
 
 /// How long pasta gets to configure the namespace.
 const PASTA_READY: Duration = Duration::from_secs(10);
@@ -106,6 +107,8 @@ fn connect_to(
     // policy never judges them, and they are all it has of the host's network).
     let proxy =
         DnsProxy::fork(setup).map_err(|e| format!("cannot fork the resolver proxy: {e}"))?;
+    // Read while still in the host's namespace (see `start_loading_rules`).
+    let host_addrs = crate::network::host_addresses();
     let pasta_target = match owner {
         None => {
             unshare(CloneFlags::CLONE_NEWNET)
@@ -117,7 +120,7 @@ fn connect_to(
     loopback_up().map_err(|e| format!("cannot bring the sandbox's loopback up: {e}"))?;
     // Bound before the sandbox exists: nothing of its own can take the port first.
     let listeners = dns_listeners()?;
-    load_rules(setup)?;
+    load_rules(setup, &host_addrs)?;
     proxy.hand_over(listeners)?;
     attach_pasta(starter, setup, log, pasta_target)
 }
@@ -422,7 +425,12 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
         Ok(socket) => socket,
         Err(e) => return e,
     };
-    // Still in the host's network namespace: the proxy's one way out, opened here.
+    // Still in the host's network namespace: the proxy's one way out, and its ear on the
+    // host's addresses, opened here.
+    let watch = match crate::host_watch::HostWatch::open() {
+        Ok(watch) => watch,
+        Err(e) => return format!("cannot follow the host's addresses: {e}"),
+    };
     let upstreams = crate::dns::open_upstreams(&setup.dns.upstream);
     let mut kinds = [0u8; 16];
     let mut iov = [IoSliceMut::new(&mut kinds)];
@@ -485,12 +493,19 @@ fn become_dns_proxy(socket: OwnedFd, parent: Pid, setup: &NetworkSetup) -> Strin
     if let Err(e) = crate::privilege::keep_only(&[CAP_NET_ADMIN]) {
         return format!("cannot give up privilege: {e}");
     }
-    crate::dns::serve(listeners, upstreams, setup.nft.clone(), setup.dns.clone())
+    crate::dns::serve(
+        listeners,
+        upstreams,
+        Some(watch),
+        setup.nft.clone(),
+        setup.dns.clone(),
+    )
 }
 
-/// Loads `setup`'s egress policy into the caller's network namespace with `nft -f -`.
-pub(crate) fn load_rules(setup: &NetworkSetup) -> Result<(), String> {
-    start_loading_rules(setup)?.wait()
+/// Loads `setup`'s egress policy into the caller's network namespace with `nft -f -`, the
+/// host's sets holding `host_addrs` too.
+pub(crate) fn load_rules(setup: &NetworkSetup, host_addrs: &[IpAddr]) -> Result<(), String> {
+    start_loading_rules(setup, host_addrs)?.wait()
 }
 
 /// `nft -f -` at work on the egress policy, in the network namespace the caller was in when
@@ -502,8 +517,14 @@ pub(crate) struct RulesLoading {
     program: String,
 }
 
-/// Starts loading `setup`'s egress policy into the caller's network namespace.
-pub(crate) fn start_loading_rules(setup: &NetworkSetup) -> Result<RulesLoading, String> {
+/// Starts loading `setup`'s egress policy into the caller's network namespace, with
+/// `host_addrs` (the starter's reading of the host's addresses, made while it was in the
+/// host's namespace: the adapter's may be hours old) added to the host's sets in the same
+/// transaction. From there the resolver proxy keeps the sets equal to the host's addresses.
+pub(crate) fn start_loading_rules(
+    setup: &NetworkSetup,
+    host_addrs: &[IpAddr],
+) -> Result<RulesLoading, String> {
     // A copy of stderr (the sandbox log) for each of nft's outputs.
     let log = || {
         nix::unistd::dup(2)
@@ -521,10 +542,11 @@ pub(crate) fn start_loading_rules(setup: &NetworkSetup) -> Result<RulesLoading, 
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", setup.nft))?;
     // Closed once written: nft reads to the end before it loads anything.
+    let script = format!("{}{}", setup.rules, host_elements(host_addrs));
     let written = nft
         .stdin
         .take()
-        .map(|mut stdin| stdin.write_all(setup.rules.as_bytes()));
+        .map(|mut stdin| stdin.write_all(script.as_bytes()));
     Ok(RulesLoading {
         nft,
         written,

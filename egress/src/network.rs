@@ -81,6 +81,12 @@ pub const ALLOW_V4: &str = "allow_names_v4";
 pub const ALLOW_V6: &str = "allow_names_v6";
 pub const DENY_V4: &str = "deny_names_v4";
 pub const DENY_V6: &str = "deny_names_v6";
+/// The host's own addresses, refused to the sandbox: filled from the adapter's and the
+/// starter's reading of them, then kept equal to them while the sandbox runs by its resolver
+/// proxy (`host_watch.rs`). Interval sets, so that one element can refuse every address when
+/// the host's can no longer be followed.
+pub const HOST_V4: &str = "host_v4";
+pub const HOST_V6: &str = "host_v6";
 /// Elements one of those sets holds at most (the proxy refuses an answer past it).
 pub const SET_SIZE: usize = 4096;
 
@@ -232,7 +238,7 @@ impl NetworkSetup {
 /// The nftables script for `egress` (see the module's comment for the order of the rules).
 pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     let mut rules = format!("table {TABLE} {{\n");
-    sets(&mut rules);
+    sets(&mut rules, host_addrs);
     // Every query, to whatever server, goes to the proxy: a name's rule cannot be sidestepped
     // by asking another resolver.
     let _ = writeln!(
@@ -251,7 +257,7 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     // A connection is judged when it starts: one to an address a name opened outlives the
     // answer's TTL.
     rules.push_str("    ct state established,related accept\n");
-    judgments(&mut rules, egress, host_addrs);
+    judgments(&mut rules, egress);
     rules.push_str("  }\n}\n");
     rules
 }
@@ -262,7 +268,7 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
 /// nothing else, and what passes leaves from the gate's address (pasta's side).
 pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     let mut rules = format!("table {TABLE} {{\n");
-    sets(&mut rules);
+    sets(&mut rules, host_addrs);
     let _ = writeln!(
         rules,
         "  chain dns {{\n    type nat hook prerouting priority dstnat; policy accept;\n    \
@@ -293,7 +299,7 @@ pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
         .filter_map(|n| n.parse().ok())
         .collect();
     reject(&mut rules, &never);
-    judgments(&mut rules, egress, host_addrs);
+    judgments(&mut rules, egress);
     // What no verdict above refused (the chain's policy drops only what no rule reached).
     rules.push_str("    accept\n  }\n");
     let _ = writeln!(
@@ -305,8 +311,8 @@ pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     rules
 }
 
-/// The address sets the resolver proxy fills.
-fn sets(rules: &mut String) {
+/// The address sets the resolver proxy fills, the host's holding `host_addrs` to begin with.
+fn sets(rules: &mut String, host_addrs: &[IpAddr]) {
     for (set, kind) in [
         (ALLOW_V4, "ipv4_addr"),
         (ALLOW_V6, "ipv6_addr"),
@@ -318,12 +324,61 @@ fn sets(rules: &mut String) {
             "  set {set} {{ type {kind}; flags timeout; size {SET_SIZE}; }}"
         );
     }
+    for (set, kind, v4) in [(HOST_V4, "ipv4_addr", true), (HOST_V6, "ipv6_addr", false)] {
+        let elements = elements(host_addrs.iter().filter(|a| a.is_ipv4() == v4));
+        let _ = if elements.is_empty() {
+            writeln!(rules, "  set {set} {{ type {kind}; flags interval; }}")
+        } else {
+            writeln!(
+                rules,
+                "  set {set} {{ type {kind}; flags interval; elements = {{ {elements} }}; }}"
+            )
+        };
+    }
+}
+
+/// `addresses` as the elements of an nftables set.
+fn elements<'a>(addresses: impl Iterator<Item = &'a IpAddr>) -> String {
+    addresses
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Adds `host_addrs` to the host's sets of a ruleset (appended to it: the starter's own
+/// reading of the host's addresses, fresher than the adapter's).
+pub fn host_elements(host_addrs: &[IpAddr]) -> String {
+    let mut script = String::new();
+    for (set, v4) in [(HOST_V4, true), (HOST_V6, false)] {
+        let elements = elements(host_addrs.iter().filter(|a| a.is_ipv4() == v4));
+        if !elements.is_empty() {
+            let _ = writeln!(script, "add element {TABLE} {set} {{ {elements} }}");
+        }
+    }
+    script
+}
+
+/// One `nft` transaction that makes the host's sets hold exactly `host_addrs`, or every
+/// address when `None` (the host's can no longer be followed): never seen empty or half
+/// written.
+pub fn host_sets_script(host_addrs: Option<&[IpAddr]>) -> String {
+    let mut script = format!("flush set {TABLE} {HOST_V4}\nflush set {TABLE} {HOST_V6}\n");
+    match host_addrs {
+        Some(addresses) => script.push_str(&host_elements(addresses)),
+        None => {
+            let _ = writeln!(
+                script,
+                "add element {TABLE} {HOST_V4} {{ 0.0.0.0/0 }}\nadd element {TABLE} {HOST_V6} {{ ::/0 }}"
+            );
+        }
+    }
+    script
 }
 
 /// The policy's verdicts on a new connection's first packet, in order: DNS that escaped the
 /// redirect refused, the bus allowed, the denied ranges and names refused, then the allow
 /// list (with its names) or everything else.
-fn judgments(rules: &mut String, egress: &Egress, host_addrs: &[IpAddr]) {
+fn judgments(rules: &mut String, egress: &Egress) {
     // Not redirected (cannot happen while the dns chain stands): refused all the same.
     rules.push_str(
         "    meta l4proto tcp tcp dport 53 reject with tcp reset\n    udp dport 53 reject\n",
@@ -331,8 +386,9 @@ fn judgments(rules: &mut String, egress: &Egress, host_addrs: &[IpAddr]) {
     if let Some(bus) = egress.bus.filter(|bus| !bus.ip().is_loopback()) {
         let _ = writeln!(rules, "    {} tcp dport {} accept", daddr(bus), bus.port());
     }
-    let host: Vec<IpNet> = host_addrs.iter().map(|a| IpNet::from(*a)).collect();
-    let mut denied: Vec<IpNet> = egress.deny.nets.iter().chain(&host).copied().collect();
+    // The host's own addresses, whatever the lists say.
+    reject_sets(rules, HOST_V4, HOST_V6);
+    let mut denied: Vec<IpNet> = egress.deny.nets.clone();
     if egress.allow.is_empty() {
         denied.extend(default_denied());
         reject(rules, &denied);
@@ -349,7 +405,8 @@ fn judgments(rules: &mut String, egress: &Egress, host_addrs: &[IpAddr]) {
     }
 }
 
-/// Refused at once, the addresses of the names in `network_deny`.
+/// Refused at once, the addresses of a pair of sets (the host's, the names' in
+/// `network_deny`).
 fn reject_sets(rules: &mut String, v4: &str, v6: &str) {
     for (family, set) in [("ip", v4), ("ip6", v6)] {
         let _ = writeln!(
@@ -572,8 +629,21 @@ mod tests {
         assert!(rules.contains("10.0.0.0/8"), "{rules}");
         assert!(rules.contains("169.254.0.0/16"), "{rules}");
         assert!(rules.contains("fc00::/7"), "{rules}");
-        assert!(rules.contains("192.0.2.2/32"), "{rules}");
-        assert!(rules.contains("reject with tcp reset"), "{rules}");
+        assert!(
+            rules.contains(
+                "set host_v4 { type ipv4_addr; flags interval; elements = { 192.0.2.2 }; }"
+            ),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("set host_v6 { type ipv6_addr; flags interval; }"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip daddr @host_v4 meta l4proto tcp reject with tcp reset"),
+            "{rules}"
+        );
+        assert!(rules.contains("ip6 daddr @host_v6 reject"), "{rules}");
         // Everything else passes: no catch-all reject.
         assert!(!rules.contains("\n    reject\n"), "{rules}");
     }
@@ -714,12 +784,45 @@ mod tests {
         let loopback = chain.find("127.0.0.0/8").unwrap();
         let allow = chain.find("ip daddr { 10.0.0.0/8 } accept").unwrap();
         assert!(loopback < allow, "{rules}");
-        assert!(chain.find("192.0.2.2/32").unwrap() < allow, "{rules}");
+        // The host's addresses are refused before any list lets anything through.
+        assert!(chain.find("ip daddr @host_v4").unwrap() < allow, "{rules}");
+        assert!(rules.contains("elements = { 192.0.2.2 }"), "{rules}");
         assert!(chain.contains("policy drop"), "{rules}");
         assert!(rules.contains("dnat ip to 10.0.2.2:53"), "{rules}");
         assert!(rules.contains("ip saddr 10.0.2.0/24 masquerade"), "{rules}");
         // Nothing of the starter's own output chain: the gate's own sockets are the proxy's.
         assert!(!rules.contains("hook output"), "{rules}");
+    }
+
+    #[test]
+    fn the_host_sets_are_rewritten_whole_in_one_transaction() {
+        let host: Vec<IpAddr> = ["192.0.2.2", "2001:db8::2", "198.51.100.7"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(
+            host_elements(&host),
+            "add element inet iii_egress host_v4 { 192.0.2.2, 198.51.100.7 }\n\
+             add element inet iii_egress host_v6 { 2001:db8::2 }\n"
+        );
+        assert_eq!(host_elements(&[]), "");
+        let script = host_sets_script(Some(&host));
+        assert!(
+            script.starts_with(
+                "flush set inet iii_egress host_v4\nflush set inet iii_egress host_v6\n"
+            ),
+            "{script}"
+        );
+        assert!(script.ends_with(&host_elements(&host)), "{script}");
+        // No address left: the sets emptied.
+        assert_eq!(
+            host_sets_script(Some(&[])),
+            "flush set inet iii_egress host_v4\nflush set inet iii_egress host_v6\n"
+        );
+        // The host's addresses no longer followed: every address refused.
+        let all = host_sets_script(None);
+        assert!(all.contains("host_v4 { 0.0.0.0/0 }"), "{all}");
+        assert!(all.contains("host_v6 { ::/0 }"), "{all}");
     }
 
     /// Both rulesets, with and without an allow list and a bus, load into a namespace of
@@ -743,7 +846,21 @@ mod tests {
                 Some("10.1.2.3:7000"),
             ),
         ] {
-            for rules in [ruleset(&policy, &host), gate_ruleset(&policy, &host)] {
+            // As the starter loads them (its own reading of the host's addresses added, one
+            // already there), then as the resolver proxy rewrites the host's sets.
+            let fresh: Vec<IpAddr> = vec!["192.0.2.2".parse().unwrap(), "::1".parse().unwrap()];
+            let then = format!(
+                "{}{}{}",
+                host_elements(&fresh),
+                host_sets_script(None),
+                host_sets_script(Some(&host))
+            );
+            for rules in [
+                ruleset(&policy, &host),
+                gate_ruleset(&policy, &host),
+                ruleset(&policy, &[]),
+            ] {
+                let rules = format!("{rules}{then}");
                 let mut check = std::process::Command::new("unshare")
                     .args(["-n"])
                     .arg(&nft)

@@ -34,12 +34,14 @@ use hickory_proto::op::{Message, ResponseCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use crate::host_watch::HostWatch;
 use crate::network::DnsSetup;
 use crate::policy::{Egress, Targets};
 
 pub use judge::{addresses, judge, Judged};
 use message::{encode_reply, error_reply, localhost_reply};
 pub use message::{plain, read_query, read_response};
+pub(crate) use sets::run_nft;
 pub use sets::Sets;
 use upstream::{forward, Resolver};
 pub use upstream::{open_upstreams, Upstream};
@@ -69,10 +71,12 @@ pub struct Listeners {
 }
 
 /// Serves DNS until the process is killed (it dies with its sandbox), asking `upstreams`;
-/// `nft` updates the sets of this process's network namespace (the sandbox's).
+/// `nft` updates the sets of this process's network namespace (the sandbox's), the host's
+/// from what `watch` hears of the host's addresses (see `host_watch.rs`).
 pub fn serve(
     listeners: Listeners,
     upstreams: Vec<Upstream>,
+    watch: Option<HostWatch>,
     nft: String,
     setup: DnsSetup,
 ) -> String {
@@ -92,8 +96,14 @@ pub fn serve(
                 Err(e) => return e,
             }
         }
-        let state = Arc::new(State::new(&setup, resolvers, Sets::new(nft)));
+        let state = Arc::new(State::new(&setup, resolvers, Sets::new(nft.clone())));
         let mut tasks = Vec::new();
+        if let Some(watch) = watch {
+            let state = state.clone();
+            tasks.push(tokio::spawn(async move {
+                crate::host_watch::follow(watch, nft, |what| state.log(what)).await;
+            }));
+        }
         for socket in listeners.udp {
             let socket = socket
                 .set_nonblocking(true)

@@ -108,37 +108,41 @@ impl Sets {
         Ok(plan)
     }
 
-    /// Runs `nft -f -` with `script` (in this process's network namespace: the sandbox's).
     fn run(&self, script: &str) -> Result<(), String> {
-        let mut command = Command::new(&self.nft);
-        command
-            .args(["-f", "-"])
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.nft))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(script.as_bytes());
-        }
-        let mut errors = String::new();
-        if let Some(stderr) = child.stderr.take() {
-            let _ = stderr.take(4096).read_to_string(&mut errors);
-        }
-        let status = child
-            .wait()
-            .map_err(|e| format!("cannot wait for {}: {e}", self.nft))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{} could not update the sets ({status}): {}",
-                self.nft,
-                errors.trim()
-            ))
-        }
+        run_nft(&self.nft, script)
+    }
+}
+
+/// Runs `nft -f -` with `script` (in this process's network namespace: the sandbox's), one
+/// transaction.
+pub(crate) fn run_nft(nft: &str, script: &str) -> Result<(), String> {
+    let mut command = Command::new(nft);
+    command
+        .args(["-f", "-"])
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot run {nft}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let mut errors = String::new();
+    if let Some(stderr) = child.stderr.take() {
+        let _ = stderr.take(4096).read_to_string(&mut errors);
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for {nft}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{nft} could not update the sets ({status}): {}",
+            errors.trim()
+        ))
     }
 }
 

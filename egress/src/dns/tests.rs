@@ -340,6 +340,7 @@ fn proxy(upstream: SocketAddr, dir: &std::path::Path, fail: bool) -> SocketAddr 
                 tcp: vec![tcp],
             },
             open_upstreams(&[upstream]),
+            None,
             nft,
             setup,
         )

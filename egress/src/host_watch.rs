@@ -1,0 +1,452 @@
+//! The host's own addresses, followed for as long as a sandbox runs.
+//!
+//! No sandbox may reach the host's services through one of the host's addresses (an engine or
+//! any other service listening on 0.0.0.0 answers on all of them). The ruleset refuses what
+//! its sets [`HOST_V4`] and [`HOST_V6`] hold, and those addresses change while sandboxes run: a
+//! DHCP or SLAAC renewal, a VPN coming up, a cloud's secondary address, an operator's
+//! `ip addr add`. A set filled once would let a sandbox reach an address the host gained
+//! later. So the sandbox's resolver proxy (a process of its own, in the ruleset's namespace,
+//! with CAP_NET_ADMIN there for `nft`) also holds an rtnetlink socket it opened in the host's
+//! network namespace, subscribed to the host's address changes (`RTM_NEWADDR`,
+//! `RTM_DELADDR`), and rewrites both sets after every change in one `nft` transaction (the
+//! sets are never seen empty or half-written). A socket belongs to the namespace it was
+//! opened in: it keeps hearing the host after the proxy moved into the sandbox's.
+//!
+//! The kernel lets any user receive rtnetlink's address notifications and dump the
+//! addresses (as `ip monitor` does): the proxy needs no privilege of the host's for it.
+//!
+//! The subscription comes first, then a dump of every address: nothing that changes in
+//! between is missed. Notifications the socket had no room for (`ENOBUFS`) make it dump
+//! again. If the socket fails for good, the sets are made to hold every address (the
+//! sandbox loses its network rather than be let at the host's).
+//!
+//! Idle it costs one socket and one task blocked on it; a change costs a `nft` run (a few
+//! milliseconds, see `tests/e2e/tests/host_addresses.rs` for the measured bound).
+//!
+//! [`HOST_V4`]: crate::network::HOST_V4
+//! [`HOST_V6`]: crate::network::HOST_V6
+
+// tokio's readiness of a descriptor it does not own (the netlink socket) is an unsafe
+// registration.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use tokio::io::unix::AsyncFd;
+
+use crate::network::host_sets_script;
+
+/// rtnetlink's multicast groups of the IPv4 and IPv6 address changes (`RTNLGRP_*`).
+const RTNLGRP_IPV4_IFADDR: u32 = 5;
+const RTNLGRP_IPV6_IFADDR: u32 = 9;
+/// The largest datagram read at once (the kernel's dump fills at most a page or two).
+const RECEIVE_BUFFER: usize = 64 * 1024;
+/// How long after a failed `nft` run the sets are written again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// A socket of the host's network namespace, subscribed to its address changes. Open it while
+/// still in the host's namespace.
+pub struct HostWatch {
+    socket: Socket,
+}
+
+impl HostWatch {
+    pub fn open() -> io::Result<HostWatch> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind(&SocketAddr::new(0, 0))?;
+        socket.add_membership(RTNLGRP_IPV4_IFADDR)?;
+        socket.add_membership(RTNLGRP_IPV6_IFADDR)?;
+        socket.set_non_blocking(true)?;
+        Ok(HostWatch { socket })
+    }
+
+    /// Asks for every address of the host (answered on the same socket, among the changes).
+    fn request_dump(&self) -> io::Result<()> {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut packet = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(
+                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            ),
+        );
+        packet.finalize();
+        let mut out = vec![0; packet.buffer_len()];
+        packet.serialize(&mut out);
+        self.socket.send_to(&out, &SocketAddr::new(0, 0), 0)?;
+        Ok(())
+    }
+}
+
+/// The host's addresses as the messages read so far describe them.
+#[derive(Debug, Default)]
+pub(crate) struct Addresses {
+    /// (interface index, address): one address may be on two interfaces, and stays the
+    /// host's until it is on none.
+    known: BTreeSet<(u32, IpAddr)>,
+    /// A dump is being answered: the sets wait for its end (a partial list would release
+    /// addresses the host still has).
+    dumping: bool,
+    /// Notifications were lost while a dump was under way: dump again once it ends.
+    lost: bool,
+}
+
+/// What [`Addresses::read`] asks of its caller next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    Nothing,
+    /// Notifications were lost: ask for a dump.
+    Dump,
+}
+
+impl Addresses {
+    /// The host's addresses, each once.
+    pub(crate) fn current(&self) -> BTreeSet<IpAddr> {
+        self.known.iter().map(|(_, addr)| *addr).collect()
+    }
+
+    /// Whether the sets may be written from [`Self::current`] (no dump half-read).
+    pub(crate) fn settled(&self) -> bool {
+        !self.dumping
+    }
+
+    /// A dump was asked for: what it lists replaces what is known.
+    pub(crate) fn dump_started(&mut self) {
+        self.known.clear();
+        self.dumping = true;
+        self.lost = false;
+    }
+
+    /// The socket had no room for some notifications.
+    pub(crate) fn overrun(&mut self) -> Next {
+        if self.dumping {
+            self.lost = true;
+            Next::Nothing
+        } else {
+            Next::Dump
+        }
+    }
+
+    /// Takes in one datagram's messages.
+    pub(crate) fn read(&mut self, mut bytes: &[u8]) -> Next {
+        let mut next = Next::Nothing;
+        while !bytes.is_empty() {
+            let Ok(message) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) else {
+                // Not one we can read: the rest of the datagram with it. A notification
+                // missed this way is as good as lost.
+                return self.overrun();
+            };
+            // Messages in one datagram start on 4-byte boundaries.
+            let length = (message.header.length as usize).next_multiple_of(4);
+            bytes = &bytes[length.clamp(1, bytes.len())..];
+            match message.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(address)) => {
+                    if let Some(entry) = entry(&address) {
+                        self.known.insert(entry);
+                    }
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelAddress(address)) => {
+                    if let Some(entry) = entry(&address) {
+                        self.known.remove(&entry);
+                    }
+                }
+                NetlinkPayload::Done(_) => {
+                    self.dumping = false;
+                    if std::mem::take(&mut self.lost) {
+                        next = Next::Dump;
+                    }
+                }
+                NetlinkPayload::Overrun(_) => next = self.overrun(),
+                NetlinkPayload::Error(error) if error.code.is_some() => {
+                    // The dump was refused: ask again rather than keep a partial list.
+                    self.dumping = false;
+                    next = Next::Dump;
+                }
+                _ => {}
+            }
+        }
+        next
+    }
+}
+
+/// The interface and the host's own address an address message names: its `IFA_LOCAL`, else
+/// its `IFA_ADDRESS` (on a point-to-point link the latter is the peer's), as `getifaddrs`
+/// reads them.
+fn entry(message: &AddressMessage) -> Option<(u32, IpAddr)> {
+    let mut local = None;
+    let mut address = None;
+    for attribute in &message.attributes {
+        match attribute {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    Some((message.header.index, local.or(address)?))
+}
+
+/// Follows the host's addresses with `watch` until the process ends, writing them into this
+/// process's namespace's host sets with `nft`; `log` says what went wrong.
+pub async fn follow(watch: HostWatch, nft: String, log: impl Fn(&str)) {
+    // SAFETY: the descriptor is the socket `watch` owns, which the AsyncFd owns in turn: it
+    // stays open, and the same, until the AsyncFd is dropped.
+    let watch = match unsafe { AsyncFd::register(watch) } {
+        Ok(watch) => watch,
+        Err(e) => return give_up(&nft, &log, &format!("cannot wait on the socket: {e}")).await,
+    };
+    let mut addresses = Addresses::default();
+    let mut written: Option<BTreeSet<IpAddr>> = None;
+    let mut failed_write = false;
+    let mut dump = true;
+    let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
+    loop {
+        if std::mem::take(&mut dump) {
+            if let Err(e) = watch.get_ref().request_dump() {
+                return give_up(&nft, &log, &format!("cannot list them: {e}")).await;
+            }
+            addresses.dump_started();
+        }
+        // Everything queued is read before the sets are written: a burst of changes costs
+        // one `nft` run.
+        loop {
+            buffer.clear();
+            match watch.get_ref().socket.recv(&mut buffer, 0) {
+                Ok(_) => dump |= addresses.read(&buffer) == Next::Dump,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    dump |= addresses.overrun() == Next::Dump;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return give_up(&nft, &log, &format!("cannot read them: {e}")).await,
+            }
+        }
+        if dump {
+            continue;
+        }
+        if addresses.settled() {
+            let current = addresses.current();
+            if written.as_ref() != Some(&current) {
+                match write_sets(&nft, &current).await {
+                    Ok(()) => {
+                        written = Some(current);
+                        failed_write = false;
+                    }
+                    Err(e) => {
+                        if !failed_write {
+                            log(&format!("cannot deny the host's addresses: {e}"));
+                        }
+                        failed_write = true;
+                    }
+                }
+            }
+        }
+        let wait = watch.readable();
+        let ready = if failed_write {
+            tokio::time::timeout(RETRY, wait).await.ok()
+        } else {
+            Some(wait.await)
+        };
+        match ready {
+            // Read again until the socket has nothing (then it is marked not ready).
+            Some(Ok(mut guard)) => guard.clear_ready(),
+            Some(Err(e)) => return give_up(&nft, &log, &format!("cannot wait on them: {e}")).await,
+            None => {}
+        }
+    }
+}
+
+/// The socket failed for good: every address is denied from now on (the sandbox keeps only
+/// its loopback and whatever it already had open), so that no address the host gains later
+/// can reach it.
+async fn give_up(nft: &str, log: &impl Fn(&str), why: &str) {
+    log(&format!(
+        "the host's addresses are no longer followed ({why}); the sandbox's new connections are refused"
+    ));
+    loop {
+        match run_nft(nft, host_sets_script(None)).await {
+            Ok(()) => return,
+            Err(e) => log(&format!("cannot refuse the sandbox's connections: {e}")),
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+async fn write_sets(nft: &str, addresses: &BTreeSet<IpAddr>) -> Result<(), String> {
+    let addresses: Vec<IpAddr> = addresses.iter().copied().collect();
+    run_nft(nft, host_sets_script(Some(&addresses))).await
+}
+
+async fn run_nft(nft: &str, script: String) -> Result<(), String> {
+    let nft = nft.to_string();
+    tokio::task::spawn_blocking(move || crate::dns::run_nft(&nft, &script))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+impl std::os::fd::AsRawFd for HostWatch {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::DoneMessage;
+    use netlink_packet_route::AddressFamily;
+
+    fn message(new: bool, index: u32, local: Option<&str>, address: &str) -> Vec<u8> {
+        let mut body = AddressMessage::default();
+        let ip: IpAddr = address.parse().unwrap();
+        body.header.family = if ip.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        body.header.index = index;
+        body.attributes.push(AddressAttribute::Address(ip));
+        if let Some(local) = local {
+            body.attributes
+                .push(AddressAttribute::Local(local.parse().unwrap()));
+        }
+        let inner = if new {
+            RouteNetlinkMessage::NewAddress(body)
+        } else {
+            RouteNetlinkMessage::DelAddress(body)
+        };
+        encode(NetlinkPayload::InnerMessage(inner))
+    }
+
+    fn encode(payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<u8> {
+        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), payload);
+        packet.finalize();
+        let mut out = vec![0; packet.buffer_len()];
+        packet.serialize(&mut out);
+        out
+    }
+
+    fn done() -> Vec<u8> {
+        encode(NetlinkPayload::Done(DoneMessage::default()))
+    }
+
+    fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_dump_then_changes_give_the_hosts_addresses() {
+        let mut addresses = Addresses::default();
+        addresses.dump_started();
+        // Two messages in one datagram, as a dump sends them.
+        let mut datagram = message(true, 1, Some("127.0.0.1"), "127.0.0.1");
+        datagram.extend(message(true, 2, None, "2001:db8::5"));
+        assert_eq!(addresses.read(&datagram), Next::Nothing);
+        assert!(!addresses.settled(), "half a dump is not the host's list");
+        assert_eq!(addresses.read(&done()), Next::Nothing);
+        assert!(addresses.settled());
+        assert_eq!(addresses.current(), ips(&["127.0.0.1", "2001:db8::5"]));
+        // A point-to-point link: the local end is the host's, the peer is not.
+        addresses.read(&message(true, 3, Some("198.51.100.7"), "198.51.100.8"));
+        assert_eq!(
+            addresses.current(),
+            ips(&["127.0.0.1", "198.51.100.7", "2001:db8::5"])
+        );
+        // On two interfaces, the address stays the host's until it is on neither.
+        addresses.read(&message(true, 4, None, "2001:db8::5"));
+        addresses.read(&message(false, 2, None, "2001:db8::5"));
+        assert!(addresses
+            .current()
+            .contains(&"2001:db8::5".parse().unwrap()));
+        addresses.read(&message(false, 4, None, "2001:db8::5"));
+        assert_eq!(addresses.current(), ips(&["127.0.0.1", "198.51.100.7"]));
+    }
+
+    #[test]
+    fn lost_notifications_ask_for_a_dump_once_the_current_one_ends() {
+        let mut addresses = Addresses::default();
+        assert_eq!(addresses.overrun(), Next::Dump);
+        addresses.dump_started();
+        addresses.read(&message(true, 1, None, "192.0.2.1"));
+        assert_eq!(addresses.overrun(), Next::Nothing);
+        assert_eq!(addresses.read(&done()), Next::Dump);
+        // A dump replaces what was known (an address removed meanwhile is released).
+        addresses.dump_started();
+        addresses.read(&message(true, 1, None, "192.0.2.2"));
+        addresses.read(&done());
+        assert_eq!(addresses.current(), ips(&["192.0.2.2"]));
+        // Bytes that are no netlink message count as lost notifications.
+        assert_eq!(addresses.read(&[1, 2, 3]), Next::Dump);
+    }
+
+    /// The kernel's own messages: the socket hears addresses added to an interface of a
+    /// network namespace of its own, and their removal with it.
+    #[test]
+    fn the_socket_hears_the_namespaces_address_changes() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("DID NOT RUN: needs root (a network namespace of its own)");
+            return;
+        }
+        std::thread::spawn(|| {
+            // Only this thread moves: a network namespace is per task.
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a namespace");
+            let watch = HostWatch::open().expect("the socket");
+            let mut addresses = Addresses::default();
+            watch.request_dump().unwrap();
+            addresses.dump_started();
+            let read_all = |addresses: &mut Addresses, until: &dyn Fn(&Addresses) -> bool| {
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
+                while !until(addresses) {
+                    assert!(std::time::Instant::now() < deadline, "{addresses:?}");
+                    buffer.clear();
+                    match watch.socket.recv(&mut buffer, 0) {
+                        Ok(_) => {
+                            addresses.read(&buffer);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            };
+            read_all(&mut addresses, &|a| a.settled());
+            let ip = |args: &[&str]| {
+                // A child made from this thread is in its network namespace.
+                let status = std::process::Command::new("ip").args(args).status();
+                assert!(status.is_ok_and(|s| s.success()), "ip {args:?}");
+            };
+            // A veth pair: kernels without the dummy driver have it (the gate needs it).
+            ip(&[
+                "link",
+                "add",
+                "t-watch",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "t-watch-p",
+            ]);
+            let v4: IpAddr = "198.51.100.7".parse().unwrap();
+            let v6: IpAddr = "2001:db8::7".parse().unwrap();
+            ip(&["addr", "add", "198.51.100.7/32", "dev", "t-watch"]);
+            ip(&["addr", "add", "2001:db8::7/128", "dev", "t-watch", "nodad"]);
+            ip(&["link", "set", "t-watch", "up"]);
+            read_all(&mut addresses, &|a| {
+                a.current().contains(&v4) && a.current().contains(&v6)
+            });
+            ip(&["link", "del", "t-watch"]);
+            read_all(&mut addresses, &|a| {
+                !a.current().contains(&v4) && !a.current().contains(&v6)
+            });
+        })
+        .join()
+        .expect("the thread");
+    }
+}
