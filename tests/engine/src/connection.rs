@@ -79,6 +79,7 @@ pub fn handle_frame(shared: &SharedRef, worker_id: &str, text: &str) {
             request_format,
             response_format,
             metadata,
+            invocation,
         } => {
             let def = FunctionDef {
                 id,
@@ -86,6 +87,7 @@ pub fn handle_frame(shared: &SharedRef, worker_id: &str, text: &str) {
                 request_format,
                 response_format,
                 metadata,
+                invocation,
             };
             registration::register_function(shared, worker_id, def);
         }
@@ -102,7 +104,10 @@ pub fn handle_frame(shared: &SharedRef, worker_id: &str, text: &str) {
                 function_id,
                 namespace,
             };
-            invoke::invoke(&mut shared.lock(), worker_id, call, raw);
+            let http = invoke::invoke(&mut shared.lock(), worker_id, call, raw);
+            if let Some(http) = http {
+                invoke::spawn_http(shared, http);
+            }
         }
         Inbound::InvocationResult { invocation_id } => {
             invoke::complete(&mut shared.lock(), worker_id, &invocation_id, raw);

@@ -1,8 +1,11 @@
 //! Registered functions, keyed by (namespace, function id), each owned by one worker.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
+
+use crate::http_function::{HttpInvocation, HttpTarget};
 
 /// A function as its worker registered it.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +15,8 @@ pub struct FunctionDef {
     pub request_format: Option<Value>,
     pub response_format: Option<Value>,
     pub metadata: Option<Value>,
+    /// Set for an HTTP-invoked function: the engine itself calls this URL.
+    pub invocation: Option<HttpInvocation>,
 }
 
 /// A function in the table: its definition and who serves it.
@@ -20,6 +25,9 @@ pub struct FunctionEntry {
     pub def: FunctionDef,
     pub namespace: String,
     pub owner: String,
+    /// Where the engine sends the calls of an HTTP-invoked function; `None` routes them to
+    /// the owner's connection.
+    pub http: Option<Arc<HttpTarget>>,
 }
 
 impl FunctionEntry {
@@ -57,7 +65,13 @@ pub struct FunctionTable {
 }
 
 impl FunctionTable {
-    pub fn register(&mut self, namespace: &str, owner: &str, def: FunctionDef) -> Registered {
+    pub fn register(
+        &mut self,
+        namespace: &str,
+        owner: &str,
+        def: FunctionDef,
+        http: Option<Arc<HttpTarget>>,
+    ) -> Registered {
         let key = (namespace.to_string(), def.id.clone());
         if let Some(existing) = self.entries.get_mut(&key) {
             if existing.owner != owner {
@@ -66,12 +80,14 @@ impl FunctionTable {
                 };
             }
             existing.def = def;
+            existing.http = http;
             return Registered::Replaced;
         }
         let entry = FunctionEntry {
             def,
             namespace: namespace.to_string(),
             owner: owner.to_string(),
+            http,
         };
         self.entries.insert(key, entry);
         Registered::Added
@@ -121,20 +137,27 @@ mod tests {
             request_format: None,
             response_format: None,
             metadata: None,
+            invocation: None,
         }
     }
 
     #[test]
     fn second_owner_in_same_namespace_conflicts() {
         let mut table = FunctionTable::default();
-        assert_eq!(table.register("default", "w1", def("a")), Registered::Added);
         assert_eq!(
-            table.register("default", "w2", def("a")),
+            table.register("default", "w1", def("a"), None),
+            Registered::Added
+        );
+        assert_eq!(
+            table.register("default", "w2", def("a"), None),
             Registered::Conflict { owner: "w1".into() }
         );
-        assert_eq!(table.register("other", "w2", def("a")), Registered::Added);
         assert_eq!(
-            table.register("default", "w1", def("a")),
+            table.register("other", "w2", def("a"), None),
+            Registered::Added
+        );
+        assert_eq!(
+            table.register("default", "w1", def("a"), None),
             Registered::Replaced
         );
     }
@@ -142,20 +165,23 @@ mod tests {
     #[test]
     fn removing_an_owner_frees_its_ids() {
         let mut table = FunctionTable::default();
-        table.register("default", "w1", def("a"));
+        table.register("default", "w1", def("a"), None);
         table.remove_owned_by("w1");
-        assert_eq!(table.register("default", "w2", def("a")), Registered::Added);
+        assert_eq!(
+            table.register("default", "w2", def("a"), None),
+            Registered::Added
+        );
     }
 
     #[test]
     fn find_prefers_default_then_any_namespace() {
         let mut table = FunctionTable::default();
-        table.register("ns", "w1", def("a"));
+        table.register("ns", "w1", def("a"), None);
         assert_eq!(
             table.find(None, "a").map(|e| e.namespace.as_str()),
             Some("ns")
         );
-        table.register("default", "w2", def("a"));
+        table.register("default", "w2", def("a"), None);
         assert_eq!(table.find(None, "a").map(|e| e.owner.as_str()), Some("w2"));
         assert!(table.find(Some("x"), "a").is_none());
     }

@@ -15,6 +15,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use crate::channel_socket::serve_channel;
 use crate::channels::{parse_channel_path, Direction};
 use crate::connection::serve_worker;
+use crate::env::EngineEnv;
+use crate::http_function::UrlPolicy;
 use crate::state::{Shared, SharedRef, State};
 
 /// Largest JSON message, as in the real engine.
@@ -57,6 +59,8 @@ impl Engine {
 pub struct EngineBuilder {
     config: Vec<(String, Value)>,
     registration_grace: Duration,
+    env: EngineEnv,
+    url_policy: UrlPolicy,
 }
 
 impl Default for EngineBuilder {
@@ -64,6 +68,8 @@ impl Default for EngineBuilder {
         Self {
             config: Vec::new(),
             registration_grace: DEFAULT_REGISTRATION_GRACE,
+            env: EngineEnv::default(),
+            url_policy: UrlPolicy::default(),
         }
     }
 }
@@ -81,6 +87,20 @@ impl EngineBuilder {
         self
     }
 
+    /// Sets variable `name` in the engine's environment (over the process's), for
+    /// `${VAR}` expansion and HTTP functions' credentials: a test gives the engine a secret
+    /// without changing its own process's environment.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.set(name, value);
+        self
+    }
+
+    /// Which URLs HTTP-invoked functions may name ([`UrlPolicy::permissive`] unless set).
+    pub fn http_url_policy(mut self, policy: UrlPolicy) -> Self {
+        self.url_policy = policy;
+        self
+    }
+
     pub async fn start(&self, listen: SocketAddr) -> Result<EngineHandle, EngineError> {
         let listener = TcpListener::bind(listen)
             .await
@@ -92,7 +112,11 @@ impl EngineBuilder {
             addr: listen,
             source,
         })?;
-        let mut state = State::default();
+        let mut state = State {
+            env: self.env.clone(),
+            url_policy: self.url_policy,
+            ..State::default()
+        };
         for (id, value) in &self.config {
             state.config.seed(id, value.clone());
         }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::channels::ChannelTable;
 use crate::config_store::ConfigStore;
+use crate::env::EngineEnv;
 use crate::functions::FunctionTable;
+use crate::http_function::UrlPolicy;
 use crate::pending::PendingTable;
 use crate::worker::WorkerTable;
 
@@ -17,6 +19,10 @@ pub struct State {
     pub pending: PendingTable,
     pub channels: ChannelTable,
     pub config: ConfigStore,
+    /// What `${VAR}` expansion and HTTP functions' credentials read.
+    pub env: EngineEnv,
+    /// Which URLs HTTP-invoked functions may name.
+    pub url_policy: UrlPolicy,
 }
 
 #[derive(Debug)]

@@ -7,6 +7,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::http_function::HttpInvocation;
+
 /// Namespace used when a message or a worker names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -18,6 +20,8 @@ pub const INVOCATION_STOPPED: &str = "invocation_stopped";
 pub const FUNCTION_NAMESPACE_CONFLICT: &str = "FUNCTION_NAMESPACE_CONFLICT";
 /// Rejection code: the worker name is held by another live worker in the namespace.
 pub const WORKER_NAMESPACE_CONFLICT: &str = "WORKER_NAMESPACE_CONFLICT";
+/// Error code: a namespace field was given and held nothing but whitespace.
+pub const INVALID_NAMESPACE: &str = "INVALID_NAMESPACE";
 
 /// A message a worker sends, reduced to what routing needs.
 #[derive(Debug, Deserialize)]
@@ -33,6 +37,10 @@ pub enum Inbound {
         response_format: Option<Value>,
         #[serde(default)]
         metadata: Option<Value>,
+        /// An HTTP-invoked function: the engine calls this endpoint itself. A malformed
+        /// object makes the whole message malformed (ignored), as in the real engine.
+        #[serde(default)]
+        invocation: Option<HttpInvocation>,
     },
     UnregisterFunction {
         id: String,

@@ -47,9 +47,10 @@ pub fn register(state: &mut State, data: Value) -> Result<Value, ErrorBody> {
 
 pub fn get(state: &mut State, data: Value) -> Result<Value, ErrorBody> {
     let input: GetInput = input("configuration::get", data)?;
+    let env = &state.env;
     let value = state
         .config
-        .get(&input.id, input.raw, |name| std::env::var(name).ok())?;
+        .get(&input.id, input.raw, |name| env.var(name))?;
     Ok(json!({ "id": input.id, "value": value }))
 }
 

@@ -38,15 +38,11 @@ pub fn is_builtin(function_id: &str) -> bool {
     BUILTINS.iter().any(|(id, _)| *id == function_id)
 }
 
-/// Runs the built-in `function_id` for `caller`; `None` when no built-in has that id.
-pub fn call(
-    state: &mut State,
-    caller: &str,
-    function_id: &str,
-    data: Value,
-) -> Option<Result<Value, ErrorBody>> {
+/// Runs the built-in `function_id`; `None` when no built-in has that id. Object `data`
+/// carries the engine-stamped `_caller_worker_id`.
+pub fn call(state: &mut State, function_id: &str, data: Value) -> Option<Result<Value, ErrorBody>> {
     let outcome = match function_id {
-        "engine::workers::register" => crate::registration::register_worker(state, caller, data),
+        "engine::workers::register" => crate::registration::register_worker(state, data),
         "engine::workers::list" => Ok(engine_fns::workers_list(state)),
         "engine::functions::list" => engine_fns::functions_list(state, data),
         "engine::functions::info" => engine_fns::functions_info(state, data),
@@ -75,11 +71,11 @@ mod tests {
         let mut state = State::default();
         for (id, _) in BUILTINS {
             assert!(
-                call(&mut state, "w", id, Value::Null).is_some(),
+                call(&mut state, id, Value::Null).is_some(),
                 "{id} not served"
             );
         }
-        assert!(call(&mut state, "w", "engine::nope", Value::Null).is_none());
+        assert!(call(&mut state, "engine::nope", Value::Null).is_none());
         assert!(!is_builtin("engine::nope"));
     }
 }
