@@ -46,6 +46,13 @@ pub trait HostFfi: Send + Sync {
         payload: RString,
         timeout_ms: u64,
     ) -> FfiFuture<RResult<RString, RString>>;
+
+    /// The state of the shell's connection to the engine as a JSON object, or empty when the
+    /// shell does not say. Appended after the prefix: a host built before it has no such
+    /// method, and the plugin then gets this default (empty) instead.
+    fn bus_state(&self) -> RString {
+        RString::new()
+    }
 }
 
 pub type HostBox = HostFfi_TO<'static, RBox<()>>;

@@ -27,6 +27,12 @@ pub trait HostServices: Send + Sync + 'static {
 
     /// Calls `function_id` on the bus.
     fn invoke(&self, function_id: String, payload: Value, timeout: Duration) -> HostFuture;
+
+    /// The state of the shell's connection to the engine (a JSON object the shell defines),
+    /// or `None` when it keeps none: a plugin shows it, it does not interpret it.
+    fn bus_state(&self) -> Option<Value> {
+        None
+    }
 }
 
 /// The plugin's side: cheap to clone.
@@ -62,6 +68,21 @@ impl Host {
         match &self.0 {
             Inner::Ffi(host) => Some(host.engine_url().into_string()),
             Inner::Local(services) => Some(services.engine_url()),
+            Inner::None => None,
+        }
+    }
+
+    /// The state of the shell's connection to the engine, when the shell reports one.
+    pub fn bus_state(&self) -> Option<Value> {
+        match &self.0 {
+            Inner::Ffi(host) => {
+                let text = host.bus_state();
+                if text.is_empty() {
+                    return None;
+                }
+                serde_json::from_str(text.as_str()).ok()
+            }
+            Inner::Local(services) => services.bus_state(),
             Inner::None => None,
         }
     }
@@ -116,6 +137,13 @@ impl HostFfi for ShellHost {
         self.services.engine_url().into()
     }
 
+    fn bus_state(&self) -> RString {
+        self.services
+            .bus_state()
+            .map(|state| state.to_string().into())
+            .unwrap_or_default()
+    }
+
     fn invoke(
         &self,
         function_id: RString,
@@ -147,5 +175,57 @@ impl HostFfi for ShellHost {
             }
         }
         .into_ffi()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Services(Option<Value>);
+
+    impl HostServices for Services {
+        fn engine_url(&self) -> String {
+            "ws://127.0.0.1:1".into()
+        }
+
+        fn invoke(&self, function_id: String, _: Value, _: Duration) -> HostFuture {
+            Box::pin(async move { Err(format!("{function_id}: not in this test")) })
+        }
+
+        fn bus_state(&self) -> Option<Value> {
+            self.0.clone()
+        }
+    }
+
+    /// A shell that leaves `bus_state` at its default.
+    struct Silent;
+
+    impl HostServices for Silent {
+        fn engine_url(&self) -> String {
+            String::new()
+        }
+
+        fn invoke(&self, _: String, _: Value, _: Duration) -> HostFuture {
+            Box::pin(async { Ok(Value::Null) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_bus_state_crosses_the_boundary_as_the_shell_reports_it() {
+        let state = serde_json::json!({"state": "name_conflict", "reconnects": 2});
+        let services: Arc<dyn HostServices> = Arc::new(Services(Some(state.clone())));
+        let host = Host::from_ffi(to_ffi(services.clone(), tokio::runtime::Handle::current()));
+        assert_eq!(host.bus_state(), Some(state.clone()));
+        assert_eq!(Host::local(services).bus_state(), Some(state));
+    }
+
+    #[tokio::test]
+    async fn a_shell_that_reports_no_bus_state_gives_none() {
+        let host = Host::from_ffi(to_ffi(Arc::new(Silent), tokio::runtime::Handle::current()));
+        assert_eq!(host.bus_state(), None);
+        assert_eq!(Host::none().bus_state(), None);
+        let services: Arc<dyn HostServices> = Arc::new(Services(None));
+        assert_eq!(Host::local(services).bus_state(), None);
     }
 }
