@@ -45,6 +45,9 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
         },
         "warm_pool": plugin.pool.status(),
         "boots": plugin.pool.boots(),
+        // The shell's connection to the engine (null under a shell that reports none): how
+        // an operator tells a lost or contested bus name from a healthy one.
+        "bus": plugin.host.bus_state(),
     })
 }
 
