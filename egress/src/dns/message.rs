@@ -41,10 +41,38 @@ pub fn read_query(bytes: &[u8]) -> Result<Message, Option<Vec<u8>>> {
     let question = &query.queries[0];
     if question.query_class != DNSClass::IN
         || matches!(question.query_type, RecordType::AXFR | RecordType::IXFR)
+        || !wire_labels_ok(&question.name)
     {
         return Err(Some(error_reply(&query, ResponseCode::Refused)));
     }
     Ok(query)
+}
+
+/// Whether every label of `name`, as the wire carries it, is one a host name can hold:
+/// letters, digits, `-`, and `_` (service labels such as `_dmarc` or SRV's `_tcp`; no list
+/// name holds one, so it can never match). The lists and the sets judge a name by its text,
+/// and a label with a dot in it (`[abcd.allowed][test]`) reads as another name
+/// (`abcd.allowed.test`); a backslash, a space or a byte outside ASCII would be written as
+/// an escape or not at all. Such a name is refused, never judged.
+pub(super) fn wire_labels_ok(name: &Name) -> bool {
+    name.iter().all(|label| {
+        !label.is_empty()
+            && label
+                .iter()
+                .all(|byte| byte.is_ascii_alphanumeric() || *byte == b'-' || *byte == b'_')
+    })
+}
+
+/// Whether every name of `response`'s answers that the judge reads (each record's owner and
+/// CNAME target) is one [`wire_labels_ok`] takes.
+pub(super) fn answer_names_ok(response: &Message) -> bool {
+    response.answers.iter().all(|record| {
+        wire_labels_ok(&record.name)
+            && match &record.data {
+                RData::CNAME(target) => wire_labels_ok(&target.0),
+                _ => true,
+            }
+    })
 }
 
 /// The answer to a question for `localhost` (or a name under it): its loopback addresses,
@@ -129,8 +157,10 @@ pub fn read_response(bytes: &[u8], ours: &Message) -> Option<Message> {
 /// Whether `response` is the response to `ours`: same id, a response, the same question.
 pub(super) fn answers(response: &Message, ours: &Message) -> bool {
     let same_question = match (response.queries.as_slice(), ours.queries.first()) {
+        // Label by label (ASCII case aside): `[a.b][c]` is not `[a][b][c]`, though both read
+        // `a.b.c`.
         ([theirs], Some(asked)) => {
-            plain(&theirs.name) == plain(&asked.name)
+            theirs.name == asked.name
                 && theirs.query_type == asked.query_type
                 && theirs.query_class == asked.query_class
         }

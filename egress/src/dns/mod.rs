@@ -39,7 +39,7 @@ use crate::network::DnsSetup;
 use crate::policy::{Egress, Targets};
 
 pub use judge::{addresses, judge, Judged};
-use message::{encode_reply, error_reply, localhost_reply};
+use message::{answer_names_ok, encode_reply, error_reply, localhost_reply};
 pub use message::{plain, read_query, read_response};
 pub(crate) use sets::run_nft;
 pub use sets::Sets;
@@ -347,6 +347,11 @@ async fn answer(state: &State, query: Message, transport: Transport) -> Vec<u8> 
     let Some(response) = forward(&state.upstream, &query, transport).await else {
         return error_reply(&query, ResponseCode::ServFail);
     };
+    // An answer naming what its text would misread is refused, as such a question is.
+    if !answer_names_ok(&response) {
+        state.log("refused an answer whose names hold labels no host name can");
+        return error_reply(&query, ResponseCode::Refused);
+    }
     let name = plain(&query.queries[0].name);
     let matched = judge(&state.policy, &name, &response);
     if !matched.elements.is_empty() {

@@ -138,6 +138,105 @@ fn hostile_bytes_never_panic() {
     }
 }
 
+/// A name as the wire carries it: labels holding a dot (`[abcd.allowed][test]` reads
+/// `abcd.allowed.test`) or bytes no host name holds are refused, in a question and in an
+/// answer alike.
+#[test]
+fn a_name_is_judged_as_the_wire_carries_it() {
+    let crafted = |labels: &[&[u8]]| {
+        let mut query = Message::query();
+        query.metadata.id = 7;
+        query.add_query(Query::query(
+            Name::from_labels(labels.iter().copied()).unwrap(),
+            RecordType::A,
+        ));
+        query.to_vec().unwrap()
+    };
+    let wire = crafted(&[b"abcd.allowed", b"test"]);
+    // The wire form: a 12-byte label holding the dot, then `test`.
+    assert!(
+        wire.windows(18).any(|w| w == b"\x0cabcd.allowed\x04test"),
+        "{wire:?}"
+    );
+    for labels in [
+        &[&b"abcd.allowed"[..], b"test"][..],
+        &[b"a b", b"test"],
+        &[b"a\\b", b"test"],
+        &[b"caf\xc3\xa9", b"test"],
+        &[b"nul\x00", b"test"],
+        &[b"*", b"allowed", b"test"],
+    ] {
+        let reply = match read_query(&crafted(labels)) {
+            Err(Some(reply)) => Message::from_vec(&reply).unwrap(),
+            other => panic!("{labels:?}: {other:?}"),
+        };
+        assert_eq!(
+            reply.metadata.response_code,
+            ResponseCode::Refused,
+            "{labels:?}"
+        );
+        assert_eq!(reply.metadata.id, 7);
+    }
+    for fine in [
+        &[&b"_dmarc"[..], b"example", b"test"][..],
+        &[b"a-1", b"test"],
+        &[],
+    ] {
+        assert!(read_query(&crafted(fine)).is_ok(), "{fine:?}");
+    }
+
+    let query = question("abcd.allowed.test.", RecordType::A);
+    let dotted = Name::from_labels([&b"abcd.allowed"[..], b"test"]).unwrap();
+    let owned_by = |owner: Name| {
+        let record = Record::from_rdata(owner, 60, RData::A(A("198.51.100.66".parse().unwrap())));
+        response_to(&query, vec![record])
+    };
+    assert!(message::answer_names_ok(&owned_by(name(
+        "abcd.allowed.test."
+    ))));
+    assert!(!message::answer_names_ok(&owned_by(dotted.clone())));
+    let through = response_to(
+        &query,
+        vec![Record::from_rdata(
+            name("abcd.allowed.test."),
+            60,
+            RData::CNAME(CNAME(dotted.clone())),
+        )],
+    );
+    assert!(!message::answer_names_ok(&through));
+    // A response whose question reads the same but is labelled otherwise answers another.
+    let mut other = response_to(&query, Vec::new());
+    other.queries[0].name = dotted;
+    assert!(!message::answers(&other, &query));
+    assert!(message::answers(&response_to(&query, Vec::new()), &query));
+}
+
+/// An answer owned by a name whose text would match a listed name is refused, and puts
+/// nothing in the sets.
+#[test]
+fn an_answer_misread_as_a_listed_name_is_refused() {
+    let dir = scratch("wire-names");
+    let at = proxy(upstream(), &dir, false);
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let query = question("allowed.test.", RecordType::AAAA);
+    socket.send_to(&query.to_vec().unwrap(), at).unwrap();
+    let mut buffer = [0u8; 4096];
+    let (length, _) = socket.recv_from(&mut buffer).expect("an answer");
+    let reply = Message::from_vec(&buffer[..length]).unwrap();
+    assert_eq!(
+        reply.metadata.response_code,
+        ResponseCode::Refused,
+        "{reply:?}"
+    );
+    assert!(reply.answers.is_empty());
+    let script = std::fs::read_to_string(dir.join("nft.log")).unwrap_or_default();
+    assert!(!script.contains("198.51.100.66"), "{script}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_response_must_answer_our_question_with_our_id() {
     let query = question("Public.TEST.", RecordType::A);
@@ -256,7 +355,8 @@ fn ttls_of_a_listed_name_are_capped_and_a_long_answer_is_cut_for_udp() {
 }
 
 /// A resolver on 127.0.0.1 (udp and tcp, one port) answering `public.test` and
-/// `allowed.test` with 198.51.100.10 (TTL 60), anything else with no records.
+/// `allowed.test` with 198.51.100.10 (TTL 60), anything else with no records; asked for
+/// `allowed.test`'s AAAA, it answers an A record owned by the single label `allowed.test`.
 fn upstream() -> SocketAddr {
     // The kernel's free udp port may be taken for tcp (CI saw AddrInUse): try another.
     let (udp, at, tcp) = (0..100)
@@ -270,7 +370,14 @@ fn upstream() -> SocketAddr {
     let respond = |bytes: &[u8]| -> Option<Vec<u8>> {
         let query = Message::from_vec(bytes).ok()?;
         let asked = plain(&query.queries.first()?.name);
+        let kind = query.queries.first()?.query_type;
         let answers = match asked.as_str() {
+            // An answer owned by one label that reads as the question's two.
+            "allowed.test" if kind == RecordType::AAAA => vec![Record::from_rdata(
+                Name::from_labels([&b"allowed.test"[..]]).unwrap(),
+                60,
+                RData::A(A("198.51.100.66".parse().unwrap())),
+            )],
             "public.test" | "allowed.test" => {
                 vec![a(&format!("{asked}."), "198.51.100.10", 60)]
             }
