@@ -57,6 +57,11 @@ impl std::fmt::Debug for ChannelTable {
 }
 
 impl ChannelTable {
+    /// Channels created and not yet fully taken apart.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Creates a channel; returns the `{writer, reader}` refs the protocol hands out.
     pub fn create(&mut self, buffer_size: Option<usize>) -> Value {
         let buffer = buffer_size.unwrap_or(DEFAULT_BUFFER).clamp(1, MAX_BUFFER);

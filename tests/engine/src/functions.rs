@@ -121,6 +121,10 @@ impl FunctionTable {
         self.entries.values().filter(|e| e.owner == owner).collect()
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn all(&self) -> impl Iterator<Item = &FunctionEntry> {
         self.entries.values()
     }

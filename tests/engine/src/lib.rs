@@ -49,7 +49,7 @@ mod worker;
 
 pub use http_function::UrlPolicy;
 pub use registration::sanitize_worker_text;
-pub use server::{Engine, EngineBuilder, EngineError, EngineHandle};
+pub use server::{Engine, EngineBuilder, EngineError, EngineHandle, EngineStats};
 pub use wire::{
     DEFAULT_NAMESPACE, FUNCTION_NAMESPACE_CONFLICT, FUNCTION_NOT_FOUND, INVALID_NAMESPACE,
     INVOCATION_STOPPED, WORKER_NAMESPACE_CONFLICT,

@@ -122,10 +122,11 @@ impl EngineBuilder {
         }
         let shared = Shared::new(state, self.registration_grace);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(accept_loop(listener, shared, stop_rx));
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
         tracing::info!(%addr, "engine listening");
         Ok(EngineHandle {
             addr,
+            shared,
             builder: self.clone(),
             stop: Some(stop_tx),
             task: Some(task),
@@ -133,10 +134,24 @@ impl EngineBuilder {
     }
 }
 
+/// Counts of what an engine holds (see [`EngineHandle::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Live worker connections.
+    pub workers: usize,
+    /// Registered functions, every namespace.
+    pub functions: usize,
+    /// Channels created and not yet taken apart.
+    pub channels: usize,
+    /// Bytes of the registered functions' `request_format` and `response_format`, as JSON.
+    pub schema_bytes: usize,
+}
+
 /// A running engine. Dropping it stops the engine too.
 #[derive(Debug)]
 pub struct EngineHandle {
     addr: SocketAddr,
+    shared: SharedRef,
     builder: EngineBuilder,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -150,6 +165,25 @@ impl EngineHandle {
     /// `ws://ADDR`, what workers and the SDK connect to.
     pub fn url(&self) -> String {
         format!("ws://{}", self.addr)
+    }
+
+    /// What the engine holds now: how much a worker made it keep.
+    pub fn stats(&self) -> EngineStats {
+        let state = self.shared.lock();
+        let schema_bytes = state
+            .functions
+            .all()
+            .map(|e| {
+                let size = |v: &Option<Value>| v.as_ref().map_or(0, |v| v.to_string().len());
+                size(&e.def.request_format) + size(&e.def.response_format)
+            })
+            .sum();
+        EngineStats {
+            workers: state.workers.len(),
+            functions: state.functions.len(),
+            channels: state.channels.len(),
+            schema_bytes,
+        }
     }
 
     /// Stops listening and drops every connection at once, like a killed engine.

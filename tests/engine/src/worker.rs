@@ -113,6 +113,10 @@ pub struct WorkerTable {
 }
 
 impl WorkerTable {
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
     pub fn insert(&mut self, worker: Worker) {
         self.workers.insert(worker.id.clone(), worker);
     }

@@ -370,3 +370,36 @@ async fn an_http_function_needs_its_variable_and_an_allowed_url() {
     }
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_what_workers_made_the_engine_keep() {
+    let engine = engine().await;
+    let before = engine.stats();
+    assert_eq!(
+        (
+            before.workers,
+            before.functions,
+            before.channels,
+            before.schema_bytes
+        ),
+        (0, 0, 0, 0)
+    );
+    let worker = Client::connect(&engine.url()).await.unwrap();
+    let schema = json!({"type": "object", "description": "x".repeat(1000)});
+    worker
+        .register_function("big::f", None, Some(schema.clone()), None)
+        .unwrap();
+    worker.announce("big", None).unwrap();
+    worker
+        .wait_for_function("big::f", None, WAIT)
+        .await
+        .unwrap();
+    worker
+        .invoke("engine::channels::create", json!({}), WAIT)
+        .await
+        .unwrap();
+    let after = engine.stats();
+    assert_eq!((after.workers, after.functions, after.channels), (1, 1, 1));
+    assert_eq!(after.schema_bytes, schema.to_string().len());
+    engine.shutdown().await;
+}
