@@ -47,6 +47,15 @@ pub const MAX_DEPTH: usize = 256;
 pub enum CaptureError {
     #[error("the layer holds more than the {limit} bytes allowed")]
     OverBudget { limit: u64 },
+    /// Something the guest wrote that the snapshot store's filesystem cannot hold (an xattr
+    /// past its size limit, a file past its largest): the guest's doing, not a fault.
+    #[error("the snapshot store cannot hold {what} of the sandbox's file {path}: {limit}")]
+    Unstorable {
+        /// The file, escaped (it is the guest's text).
+        path: String,
+        what: String,
+        limit: String,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -140,7 +149,7 @@ impl Copy {
         depth: usize,
     ) -> Result<(), CaptureError> {
         let path = at.join(OsStr::from_bytes(name.to_bytes()));
-        let shown = format!("/{}", path.display());
+        let shown = escape(&[b"/", path.as_os_str().as_bytes()].concat());
         let stat = match fstatat(Some(from.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
             // Removed by the guest since the listing: it is not in the copy.
@@ -218,7 +227,7 @@ impl Copy {
         path: &Path,
         stat: &FileStat,
     ) -> Result<(), CaptureError> {
-        let shown = format!("/{}", path.display());
+        let shown = escape(&[b"/", path.as_os_str().as_bytes()].concat());
         let identity = (stat.st_dev, stat.st_ino);
         if stat.st_nlink > 1 {
             if let Some(first) = self.links.get(&identity) {
@@ -270,9 +279,16 @@ impl Copy {
         let mut target = unsafe { File::from_raw_fd(target) };
         let room = self.limit.saturating_sub(self.used);
         let copied = io::copy(&mut (&source).take(room.saturating_add(1)), &mut target).map_err(
-            |source| CaptureError::Io {
-                what: format!("cannot copy {shown}"),
-                source,
+            |source| match source.raw_os_error() {
+                Some(libc::EFBIG) => CaptureError::Unstorable {
+                    path: shown.clone(),
+                    what: format!("the contents ({} bytes)", stat.st_size),
+                    limit: "larger than its filesystem allows one file to be (EFBIG)".into(),
+                },
+                _ => CaptureError::Io {
+                    what: format!("cannot copy {shown}"),
+                    source,
+                },
             },
         )?;
         self.charge(copied)?;
@@ -355,9 +371,18 @@ impl Copy {
                 continue;
             };
             self.charge((bytes.len() + value.len()) as u64)?;
-            set_xattr(into, &name, &value).map_err(|source| CaptureError::Io {
-                what: format!("cannot set an xattr of {shown}"),
-                source,
+            set_xattr(into, &name, &value).map_err(|source| {
+                match unstorable_xattr(into, &source) {
+                    Some(limit) => CaptureError::Unstorable {
+                        path: shown.to_string(),
+                        what: format!("the xattr {} ({} bytes)", escape(bytes), value.len()),
+                        limit,
+                    },
+                    None => CaptureError::Io {
+                        what: format!("cannot set an xattr of {shown}"),
+                        source,
+                    },
+                }
             })?;
         }
         Ok(())
@@ -370,6 +395,54 @@ fn atime(stat: &FileStat) -> TimeSpec {
 
 fn mtime(stat: &FileStat) -> TimeSpec {
     TimeSpec::new(stat.st_mtime, stat.st_mtime_nsec)
+}
+
+/// Free blocks past which a store refusing an xattr for room is refusing it for the file's
+/// own xattr space, not for its disk.
+const STORE_ROOM_BLOCKS: u64 = 1024;
+
+/// Why the store refused an xattr the guest could set, when it is its filesystem's limit (the
+/// guest's file's size, not a fault of the store): said with that limit.
+fn unstorable_xattr(into: &OwnedFd, error: &io::Error) -> Option<String> {
+    match error.raw_os_error()? {
+        libc::ENOSPC => {
+            // A store out of room is the host's to fix, not this file's.
+            let stat = nix::sys::statvfs::fstatvfs(into).ok()?;
+            if stat.blocks_available() < STORE_ROOM_BLOCKS {
+                return None;
+            }
+            let block = stat.block_size();
+            Some(format!(
+                "its filesystem has no room for it in the file's xattr space (ENOSPC; ext4 \
+                 without ea_inode holds all of one file's xattrs in one {block}-byte block)"
+            ))
+        }
+        libc::E2BIG | libc::ERANGE => Some(format!(
+            "over the largest xattr its filesystem takes ({}; Linux takes at most {XATTR_MAX} \
+             bytes)",
+            if error.raw_os_error() == Some(libc::E2BIG) {
+                "E2BIG"
+            } else {
+                "ERANGE"
+            }
+        )),
+        libc::EOPNOTSUPP => Some("its filesystem takes no user xattrs (EOPNOTSUPP)".into()),
+        _ => None,
+    }
+}
+
+/// The guest's text as a message may carry it: printable ASCII but for `\` (as `\\`), everything
+/// else (control characters, non-ASCII, bytes that are not UTF-8) as `\xNN`.
+pub fn escape(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &byte in bytes {
+        match byte {
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(byte as char),
+            _ => out.push_str(&format!("\\x{byte:02x}")),
+        }
+    }
+    out
 }
 
 /// Most xattr names and values a file may have on Linux.
@@ -438,6 +511,9 @@ fn set_xattr(fd: &OwnedFd, name: &CStr, value: &[u8]) -> io::Result<()> {
 
 /// How the copying process says the layer is over its budget (its exit status).
 pub const OVER_BUDGET_EXIT: u8 = 3;
+/// How it says the layer holds something the store cannot (its exit status; the line on its
+/// stderr names it).
+pub const UNSTORABLE_EXIT: u8 = 4;
 
 /// The upper directory `upper` of the sandbox whose launcher (bwrap) or runner (libkrun) is
 /// `pid`, as that process's mount namespace shows it (a root adapter's layer is staged, a
@@ -502,6 +578,10 @@ pub fn copy_as_process(
             eprintln!("{program}: {e}");
             OVER_BUDGET_EXIT
         }
+        Err(e @ CaptureError::Unstorable { .. }) => {
+            eprintln!("{program}: {e}");
+            UNSTORABLE_EXIT
+        }
         Err(e) => fail(e.to_string()),
     }
 }
@@ -548,6 +628,14 @@ pub async fn run(
             "the sandbox's files are over what `max_snapshot_disk_mb` has left ({limit} bytes)"
         )));
     }
+    if output.status.code() == Some(i32::from(UNSTORABLE_EXIT)) {
+        // The copier's own line, without its program name; the guest's text in it is escaped.
+        let line = stderr.lines().last().unwrap_or_default();
+        let line = line.split_once(": ").map_or(line, |(_, rest)| rest);
+        return Err(SandboxError::BackendUnsupported(format!(
+            "{line}; remove or shrink it in the sandbox and take the snapshot again"
+        )));
+    }
     if !output.status.success() {
         return Err(SandboxError::Internal(format!(
             "copying the sandbox's files failed ({}): {stderr}",
@@ -558,4 +646,100 @@ pub async fn run(
         .trim()
         .parse()
         .map_err(|_| SandboxError::Internal("the copy did not say its size".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 60 KB: within what tmpfs takes for one xattr, far past ext4's one block.
+    const BIG: usize = 60_000;
+
+    fn dir_fd(path: &Path) -> OwnedFd {
+        open_into(path).unwrap()
+    }
+
+    /// A directory on tmpfs (`/dev/shm`), where a guest's layer lives and a 60 KB xattr is
+    /// taken; none where this host's tmpfs takes no such xattr.
+    fn tmpfs_source() -> Option<(tempfile::TempDir, PathBuf)> {
+        let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+        let file = dir.path().join("bad\nname\u{e9}");
+        std::fs::write(&file, b"data").unwrap();
+        let name = CString::new("user.x").unwrap();
+        let opened = File::open(&file).unwrap();
+        set_xattr(&OwnedFd::from(opened), &name, &vec![b'a'; BIG]).ok()?;
+        Some((dir, file))
+    }
+
+    #[test]
+    fn an_xattr_the_store_cannot_hold_is_unstorable_and_named_escaped() {
+        let Some((source, _file)) = tmpfs_source() else {
+            println!("*** DID NOT RUN: this host's tmpfs takes no {BIG}-byte user xattr ***");
+            return;
+        };
+        // The store: the temporary directory's filesystem (ext4 here).
+        let store = tempfile::tempdir().unwrap();
+        let probe = store.path().join("probe");
+        std::fs::write(&probe, b"").unwrap();
+        let name = CString::new("user.x").unwrap();
+        let store_takes_it = set_xattr(
+            &OwnedFd::from(File::open(&probe).unwrap()),
+            &name,
+            &vec![b'a'; BIG],
+        )
+        .is_ok();
+        std::fs::remove_file(&probe).unwrap();
+        let result = copy_layer(dir_fd(source.path()), dir_fd(store.path()), 1 << 30);
+        if store_takes_it {
+            println!("the store's filesystem takes a {BIG}-byte xattr: it is copied");
+            result.expect("copied");
+            return;
+        }
+        let error = result.expect_err("the store refuses the xattr");
+        let message = error.to_string();
+        println!("{message}");
+        match &error {
+            CaptureError::Unstorable { path, what, limit } => {
+                assert_eq!(path, "/bad\\x0aname\\xc3\\xa9");
+                assert_eq!(what, &format!("the xattr user.x ({BIG} bytes)"));
+                assert!(
+                    limit.contains("ENOSPC") || limit.contains("E2BIG"),
+                    "{limit}"
+                );
+            }
+            other => panic!("not unstorable: {other:?}"),
+        }
+        assert!(!message.contains('\n'), "{message}");
+    }
+
+    #[test]
+    fn small_xattrs_are_copied_and_escape_keeps_printable_text() {
+        let source = tempfile::tempdir().unwrap();
+        let file = source.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let name = CString::new("user.small").unwrap();
+        set_xattr(&OwnedFd::from(File::open(&file).unwrap()), &name, b"v").unwrap();
+        let store = tempfile::tempdir().unwrap();
+        copy_layer(dir_fd(source.path()), dir_fd(store.path()), 1 << 20).unwrap();
+        let copied = OwnedFd::from(File::open(store.path().join("f")).unwrap());
+        assert_eq!(get_xattr(&copied, &name).unwrap(), Some(b"v".to_vec()));
+        assert_eq!(escape(b"/a b/c\\d\x01"), "/a b/c\\\\d\\x01");
+    }
+
+    #[cfg(feature = "run")]
+    #[tokio::test]
+    async fn an_unstorable_exit_is_s310_with_the_copiers_line() {
+        let mut command = tokio::process::Command::new("/bin/sh");
+        command.args([
+            "-c",
+            "echo 'copier: the snapshot store cannot hold the xattr user.x (60000 bytes) of the sandbox'\"'\"'s file /a: limit' >&2; exit 4",
+        ]);
+        let error = run(command, 100).await.expect_err("refused");
+        let body = format!("{error:?}");
+        assert!(
+            matches!(error, sandbox_core::SandboxError::BackendUnsupported(ref m)
+                if m.starts_with("the snapshot store cannot hold the xattr user.x (60000 bytes) of the sandbox's file /a: limit;")),
+            "{body}"
+        );
+    }
 }
