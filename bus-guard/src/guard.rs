@@ -15,6 +15,7 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+use crate::limits::Shared;
 use crate::policy::Policy;
 use crate::relay;
 use crate::session::Context;
@@ -61,15 +62,24 @@ impl BusGuard {
         })
     }
 
-    /// A guarded endpoint for sandbox `sandbox_id`, listening until the handle is dropped.
+    /// A guarded endpoint for sandbox `sandbox_id` under the guard's own policy, listening
+    /// until the handle is dropped.
     pub fn open(&self, sandbox_id: &str) -> std::io::Result<SandboxBus> {
+        self.open_with(sandbox_id, Arc::clone(&self.policy))
+    }
+
+    /// A guarded endpoint for `id` under `policy` (a worker VM's: [`Policy::worker_vm`]),
+    /// listening until the handle is dropped.
+    pub fn open_with(&self, id: &str, policy: Arc<Policy>) -> std::io::Result<SandboxBus> {
+        let sandbox_id = id;
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         listener.set_nonblocking(true)?;
         let bus = SandboxBus::new(listener.local_addr()?);
         let ctx = Context {
             sandbox: Arc::from(sandbox_id),
-            policy: Arc::clone(&self.policy),
+            policy,
             functions: Arc::clone(&bus.functions),
+            shared: Arc::new(Shared::default()),
         };
         let (engine, closed) = (Arc::clone(&self.engine), bus.closed.subscribe());
         self.handle.spawn(async move {
@@ -148,7 +158,7 @@ async fn serve(
         };
         if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
             active.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(sandbox_id = %ctx.sandbox, "bus guard: the sandbox holds {MAX_CONNECTIONS} connections; one more closed");
+            ctx.log("connection", "the sandbox's connection ceiling", None);
             continue;
         }
         let (engine, ctx, closed, active) = (

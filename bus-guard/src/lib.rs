@@ -13,6 +13,10 @@
 //! `III_DISABLE_TRACE_PAYLOADS` says, the guard records none).
 
 mod guard;
+mod json;
+mod limits;
+mod message;
+mod name;
 mod pattern;
 mod policy;
 mod relay;
@@ -20,10 +24,19 @@ mod session;
 mod wire;
 
 pub use guard::{BusGuard, SandboxBus, MAX_CONNECTIONS, MAX_ENGINE_MESSAGE, MAX_GUEST_MESSAGE};
+pub use limits::{
+    CHANNEL_RATE, CHANNEL_WINDOW, LOGGED_REFUSALS, MAX_LIVE_CHANNELS, REFUSAL_SUMMARY_INTERVAL,
+};
+pub use name::{MAX_NAME_CHARS, MAX_TEXT_CHARS};
 pub use pattern::{Pattern, PatternError, MAX_PATTERN_LEN};
 pub use policy::{
-    Policy, PolicyError, Refusal, CALL_KEY, REGISTER_KEY, RESERVED_PREFIXES, SDK_ENGINE_CALLS,
+    Policy, PolicyError, Refusal, CALL_KEY, DEFAULT_NAMESPACE, REGISTER_KEY, RESERVED_PREFIXES,
+    SDK_ENGINE_CALLS,
 };
 pub use relay::RATE;
-pub use session::{MAX_CALLS_IN_FLIGHT, MAX_FUNCTIONS, MAX_ID_LEN, MAX_SERVING};
+pub use session::{
+    MAX_CALLS_IN_FLIGHT, MAX_CALL_METADATA, MAX_CHANNEL_BUFFER, MAX_CONNECTION_REGISTRATION_BYTES,
+    MAX_FUNCTIONS, MAX_ID_LEN, MAX_REGISTRATION_BYTES, MAX_SERVING, MAX_TRIGGERS,
+    MAX_TRIGGER_TYPES,
+};
 pub use wire::REFUSED_CODE;

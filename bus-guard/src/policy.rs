@@ -3,11 +3,17 @@
 //!
 //! Never, whatever the lists say: an id under the adapter's own prefix, the router's
 //! `sandbox::`, `configuration::` or `engine::` (except [`SDK_ENGINE_CALLS`], which the
-//! official SDKs make for their own working), a worker under the adapter's name. Ids another
-//! worker holds are the engine's to refuse (`registrationrejected`), which the relay passes on.
+//! official SDKs make for their own working), a worker under the adapter's name (under any
+//! variant of case, width, whitespace or invisible characters), a namespace but `default`.
+//! Ids another worker holds are the engine's to refuse (`registrationrejected`), which the
+//! relay passes on without naming the holder.
+//!
+//! A worker VM's policy ([`Policy::worker_vm`]) opens registrations and calls but for the
+//! reserved prefixes and `engine::`, and may name the worker's own namespace.
 
 use std::fmt;
 
+use crate::name::{clean, fold, Kind};
 use crate::pattern::{Pattern, PatternError};
 
 /// The `engine::` calls the official SDKs make by themselves, read in iii-sdk 0.25.0 (the
@@ -35,10 +41,12 @@ pub enum Refusal {
     Reserved { id: String, prefix: String },
     /// Not matched by the operator's list.
     NotListed { id: String, key: &'static str },
-    /// A worker announced under the adapter's own name.
+    /// A worker announced under the adapter's own name (or a variant of it).
     AdapterWorkerName { name: String },
     /// One of the guard's bounds.
     Limit { what: String },
+    /// One of the guard's rules on what a message may carry; `rule` is short and fixed.
+    Rule { rule: &'static str, what: String },
 }
 
 impl Refusal {
@@ -49,6 +57,14 @@ impl Refusal {
             Refusal::NotListed { key, .. } => (*key).to_string(),
             Refusal::AdapterWorkerName { .. } => "adapter worker name".into(),
             Refusal::Limit { .. } => "limit".into(),
+            Refusal::Rule { rule, .. } => (*rule).to_string(),
+        }
+    }
+
+    pub(crate) fn rule_of(rule: &'static str, what: impl Into<String>) -> Refusal {
+        Refusal::Rule {
+            rule,
+            what: what.into(),
         }
     }
 }
@@ -69,6 +85,9 @@ impl fmt::Display for Refusal {
                 "refused by the sandbox bus guard: a sandbox may not announce itself as worker `{name}`, the adapter's own name"
             ),
             Refusal::Limit { what } => write!(f, "refused by the sandbox bus guard: {what}"),
+            Refusal::Rule { rule, what } => {
+                write!(f, "refused by the sandbox bus guard ({rule}): {what}")
+            }
         }
     }
 }
@@ -82,6 +101,16 @@ pub struct PolicyError {
     pub reason: PatternError,
 }
 
+/// Whom a policy guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A sandbox: registrations and calls as the operator's lists say.
+    Sandbox,
+    /// A worker VM (a Compose worker: a real worker, still hostile): registrations and
+    /// calls open but for the reserved prefixes, triggers relayed.
+    WorkerVm { http_functions: bool },
+}
+
 /// The rules of one adapter, shared by every sandbox's connections.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -89,12 +118,44 @@ pub struct Policy {
     register: Vec<Pattern>,
     /// `<adapter prefix>::` for each name the adapter's functions may be served under.
     adapter_prefixes: Vec<String>,
+    /// The adapter's worker names, folded ([`crate::name`]): reserved under every variant.
     adapter_workers: Vec<String>,
+    mode: Mode,
+    /// Namespaces a guest may name besides the engine's `default` (NFC, visible).
+    namespaces: Vec<String>,
+}
+
+/// The engine's namespace, the only one a sandbox acts in.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+fn adapter_names(
+    adapter_prefixes: &[String],
+    adapter_workers: &[String],
+) -> (Vec<String>, Vec<String>) {
+    let names = |list: &[String]| {
+        let mut names: Vec<String> = list
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    let prefixes = names(adapter_prefixes)
+        .into_iter()
+        .map(|p| format!("{p}::"))
+        .collect();
+    let mut workers: Vec<String> = names(adapter_workers).iter().map(|n| fold(n)).collect();
+    workers.sort();
+    workers.dedup();
+    (prefixes, workers)
 }
 
 impl Policy {
-    /// `call` and `register` as the configuration lists them; `adapter_prefixes` (without
-    /// `::`) and `adapter_workers` are the adapter's own names, never a guest's.
+    /// A sandbox's policy: `call` and `register` as the configuration lists them;
+    /// `adapter_prefixes` (without `::`) and `adapter_workers` are the adapter's own names,
+    /// never a guest's.
     pub fn new(
         call: &[String],
         register: &[String],
@@ -109,25 +170,50 @@ impl Policy {
                 })
                 .collect::<Result<Vec<_>, _>>()
         };
-        let names = |list: &[String]| {
-            let mut names: Vec<String> = list
-                .iter()
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect();
-            names.sort();
-            names.dedup();
-            names
-        };
+        let (adapter_prefixes, adapter_workers) = adapter_names(adapter_prefixes, adapter_workers);
         Ok(Policy {
             call: patterns(CALL_KEY, call)?,
             register: patterns(REGISTER_KEY, register)?,
-            adapter_prefixes: names(adapter_prefixes)
-                .into_iter()
-                .map(|p| format!("{p}::"))
-                .collect(),
-            adapter_workers: names(adapter_workers),
+            adapter_prefixes,
+            adapter_workers,
+            mode: Mode::Sandbox,
+            namespaces: Vec::new(),
         })
+    }
+
+    /// A worker VM's policy. Registrations: any id outside the reserved prefixes (the
+    /// adapter's, [`RESERVED_PREFIXES`]). Calls: any id but `engine::` (except
+    /// [`SDK_ENGINE_CALLS`], which the guard rebuilds), with no `${` placeholder in the data
+    /// of a `configuration::` call (the engine would expand it from its own environment).
+    /// Triggers and trigger types are relayed. HTTP-invoked functions only when
+    /// `http_functions`, and never with `auth` (it names the engine's environment variables).
+    /// Namespaces: `default` only, unless [`Policy::with_namespace`] adds the worker's own.
+    pub fn worker_vm(
+        adapter_prefixes: &[String],
+        adapter_workers: &[String],
+        http_functions: bool,
+    ) -> Policy {
+        let (adapter_prefixes, adapter_workers) = adapter_names(adapter_prefixes, adapter_workers);
+        Policy {
+            call: Vec::new(),
+            register: Vec::new(),
+            adapter_prefixes,
+            adapter_workers,
+            mode: Mode::WorkerVm { http_functions },
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// This policy letting a guest name `namespace` too (a Compose worker's `III_NAMESPACE`,
+    /// which its SDK puts in its announcement, calls and triggers). A blank name, or one with
+    /// invisible characters, adds nothing.
+    pub fn with_namespace(mut self, namespace: &str) -> Policy {
+        if let Ok(namespace) = clean(namespace.trim(), Kind::Id) {
+            if !self.namespaces.contains(&namespace) {
+                self.namespaces.push(namespace);
+            }
+        }
+        self
     }
 
     /// The checks every list passes before use (configuration validation).
@@ -138,42 +224,96 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether this is a worker VM's policy.
+    pub fn is_worker_vm(&self) -> bool {
+        matches!(self.mode, Mode::WorkerVm { .. })
+    }
+
+    /// Whether a guest may register HTTP-invoked functions (without `auth`).
+    pub fn http_functions(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::WorkerVm {
+                http_functions: true
+            }
+        )
+    }
+
     /// Whether a guest may invoke `id`.
     pub fn may_call(&self, id: &str) -> Result<(), Refusal> {
         if SDK_ENGINE_CALLS.contains(&id) {
             return Ok(());
         }
-        self.reserved(id)?;
-        if self.call.iter().any(|p| p.matches(id)) {
-            Ok(())
-        } else {
-            Err(Refusal::NotListed {
-                id: id.into(),
-                key: CALL_KEY,
-            })
+        match self.mode {
+            Mode::Sandbox => {
+                self.reserved(id)?;
+                if self.call.iter().any(|p| p.matches(id)) {
+                    Ok(())
+                } else {
+                    Err(Refusal::NotListed {
+                        id: id.into(),
+                        key: CALL_KEY,
+                    })
+                }
+            }
+            Mode::WorkerVm { .. } => {
+                if starts_with_folded(id, "engine::") {
+                    Err(Refusal::Reserved {
+                        id: id.into(),
+                        prefix: "engine::".into(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 
-    /// Whether a guest may register `id` (the SDKs' own calls included: nobody serves
-    /// `engine::` but the engine).
+    /// Whether a guest may register `id`, or bind a trigger to it (the SDKs' own calls
+    /// included: nobody serves `engine::` but the engine).
     pub fn may_register(&self, id: &str) -> Result<(), Refusal> {
         self.reserved(id)?;
-        if self.register.iter().any(|p| p.matches(id)) {
-            Ok(())
-        } else {
-            Err(Refusal::NotListed {
+        match self.mode {
+            Mode::WorkerVm { .. } => Ok(()),
+            Mode::Sandbox if self.register.iter().any(|p| p.matches(id)) => Ok(()),
+            Mode::Sandbox => Err(Refusal::NotListed {
                 id: id.into(),
                 key: REGISTER_KEY,
-            })
+            }),
         }
     }
 
-    /// Whether a guest may announce itself as worker `name`.
+    /// Whether a guest may announce itself as worker `name` (NFC, checked by the caller):
+    /// never the adapter's names, under any variant of case, width, whitespace or invisible
+    /// characters.
     pub fn may_name_worker(&self, name: &str) -> Result<(), Refusal> {
-        if self.adapter_workers.iter().any(|w| w == name.trim()) {
+        let folded = fold(name);
+        if self.adapter_workers.contains(&folded) {
             return Err(Refusal::AdapterWorkerName { name: name.into() });
         }
         Ok(())
+    }
+
+    /// Whether a guest may name `namespace` (absent is the engine's default).
+    pub fn may_use_namespace(&self, namespace: Option<&str>) -> Result<(), Refusal> {
+        let Some(namespace) = namespace else {
+            return Ok(());
+        };
+        // Exactly as given: the engine tells namespaces apart by their bytes.
+        if namespace == DEFAULT_NAMESPACE || self.namespaces.iter().any(|n| n == namespace) {
+            return Ok(());
+        }
+        Err(Refusal::rule_of(
+            "namespace",
+            format!("a {} acts in namespace `default` only", self.whom()),
+        ))
+    }
+
+    pub(crate) fn whom(&self) -> &'static str {
+        match self.mode {
+            Mode::Sandbox => "sandbox",
+            Mode::WorkerVm { .. } => "worker VM",
+        }
     }
 
     fn reserved(&self, id: &str) -> Result<(), Refusal> {
@@ -182,7 +322,7 @@ impl Policy {
             .iter()
             .map(String::as_str)
             .chain(RESERVED_PREFIXES.iter().copied())
-            .find(|prefix| id.starts_with(prefix));
+            .find(|prefix| starts_with_folded(id, prefix));
         match prefix {
             Some(prefix) => Err(Refusal::Reserved {
                 id: id.into(),
@@ -191,6 +331,12 @@ impl Policy {
             None => Ok(()),
         }
     }
+}
+
+/// Whether `id` starts with `prefix` as written or in folded form (a fullwidth or upper-case
+/// spelling of a reserved prefix is refused too: it reads as the reserved one).
+fn starts_with_folded(id: &str, prefix: &str) -> bool {
+    id.starts_with(prefix) || fold(id).starts_with(&fold(prefix))
 }
 
 #[cfg(test)]
@@ -293,6 +439,60 @@ mod tests {
             Err(Refusal::AdapterWorkerName { .. })
         ));
         assert!(p.may_name_worker(" sandbox-libkrun ").is_err());
+    }
+
+    #[test]
+    fn the_adapters_name_is_reserved_under_every_variant() {
+        let p = policy(&[], &["*"]);
+        for name in [
+            "Sandbox-Libkrun",
+            "\u{ff53}\u{ff41}\u{ff4e}\u{ff44}\u{ff42}\u{ff4f}\u{ff58}-libkrun",
+            "sandbox-libkrun\u{7}",
+            "sandbox\u{200b}-libkrun",
+        ] {
+            assert!(p.may_name_worker(name).is_err(), "{name:?}");
+        }
+        assert!(p.may_name_worker("sandbox-libkrun-guest").is_ok());
+    }
+
+    #[test]
+    fn a_worker_vm_is_open_but_for_the_reserved_ids() {
+        let p = Policy::worker_vm(
+            &strings(&["sandbox-libkrun"]),
+            &strings(&["sandbox-libkrun"]),
+            false,
+        );
+        assert!(p.is_worker_vm() && !p.http_functions());
+        assert!(p.may_register("orders::create").is_ok());
+        for id in [
+            "sandbox-libkrun::x",
+            "sandbox::run",
+            "configuration::x",
+            "engine::x",
+        ] {
+            assert!(p.may_register(id).is_err(), "{id}");
+        }
+        for id in [
+            "orders::create",
+            "sandbox::run",
+            "sandbox-libkrun::create",
+            "configuration::get",
+        ] {
+            assert!(p.may_call(id).is_ok(), "{id}");
+        }
+        assert!(p.may_call("engine::workers::register").is_ok());
+        assert!(p.may_call("engine::functions::list").is_err());
+        assert!(p.may_name_worker("SANDBOX-LIBKRUN").is_err());
+        assert!(p.may_use_namespace(Some("shop")).is_err());
+        let p = p.with_namespace("shop");
+        assert!(p.may_use_namespace(Some("shop")).is_ok());
+        assert!(p.may_use_namespace(Some("default")).is_ok());
+        assert!(p.may_use_namespace(None).is_ok());
+        assert!(p.may_use_namespace(Some("SHOP")).is_err());
+        assert!(p.may_use_namespace(Some("shop\u{200b}")).is_err());
+        let sandbox = policy(&["*"], &["*"]);
+        assert!(!sandbox.is_worker_vm());
+        assert!(sandbox.may_use_namespace(Some("shop")).is_err());
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub(crate) async fn worker<G, E>(
             _ = closed.changed() => break "the sandbox stopped",
             frame = guest_rx.next() => match data(frame) {
                 Step::Data(message) => {
-                    if session.judge_guest(&message, &mut out).is_err() {
+                    if let Err(malformed) = session.judge_guest(&message, &mut out) {
+                        ctx.log(malformed.kind, &malformed.rule, None);
                         break "a malformed message from the guest";
                     }
                 }
