@@ -9,13 +9,18 @@
 //! checked on every start.
 //!
 //! Exit codes: 0 stopped by a signal, 1 lost the engine before start-up finished, 2 a
-//! configuration or plugin problem, 3 the engine refused the worker's registration.
+//! configuration or plugin problem, 3 the engine refused the worker's registration during
+//! start-up. Once start-up has finished (configuration read, plugin initialised, functions
+//! registered) the process no longer exits for the engine: a lost connection is reconnected,
+//! a refused one replaced by a new one with backoff, and the plugin's sandboxes and worker
+//! VMs run on meanwhile (`bus`).
 
 // `unsafe` only in `memory` (one malloc call), allowed there by name.
 #![deny(unsafe_code)]
 
 mod auth;
 mod bundle;
+mod bus;
 mod cli;
 mod configuration;
 mod inherited;

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use iii_sdk::runtime::FunctionRef;
 use iii_sdk::{Error as SdkError, IIIClient, RegisterFunction};
 use plugin_api::host::PluginInstance;
 use plugin_api::{ErrorBody, FunctionSpec};
@@ -22,13 +23,15 @@ pub struct Dispatcher {
 /// connection.
 const READINESS_FUNCTION: &str = "adapter::info";
 
-/// Registers `<prefix>::<id>` for every function of the manifest, `adapter::info` last.
+/// Registers `<prefix>::<id>` for every function of the manifest, `adapter::info` last;
+/// returns them in that order, so a connection handing its functions over can withdraw them.
 pub fn register_all(
     iii: &IIIClient,
     prefix: &str,
     functions: &[FunctionSpec],
     dispatcher: Arc<Dispatcher>,
-) {
+) -> Vec<FunctionRef> {
+    let mut registered = Vec::with_capacity(functions.len());
     let (marker, rest): (Vec<_>, Vec<_>) = functions
         .iter()
         .partition(|spec| spec.id == READINESS_FUNCTION);
@@ -46,9 +49,10 @@ pub fn register_all(
             .description(spec.description.clone())
             .request_format(spec.request_schema.clone())
             .response_format(spec.response_schema.clone());
-        iii.register_function(full_id.clone(), registration);
+        registered.push(iii.register_function(full_id.clone(), registration));
         tracing::debug!(function = %full_id, guarded, "registered");
     }
+    registered
 }
 
 impl Dispatcher {

@@ -3,8 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iii_sdk::runtime::WorkerMetadata;
-use iii_sdk::{IIIClient, InitOptions};
+use iii_sdk::IIIClient;
 use plugin_api::host::PluginLibrary;
 
 use crate::auth::WorkerToken;
@@ -90,11 +89,13 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         }
         Err(e) => return fail(Exit::BadSetup, e),
     };
-    let services = Arc::new(crate::services::EngineServices {
-        iii: iii.clone(),
-        url: args.url.clone(),
-    });
-    let plugin = match library.init(&config, services) {
+    let status = Arc::new(crate::bus::BusStatus::new(args.worker_name.clone()));
+    let services = Arc::new(crate::services::EngineServices::new(
+        iii.clone(),
+        args.url.clone(),
+        status,
+    ));
+    let plugin = match library.init(&config, Arc::clone(&services) as _) {
         Ok(plugin) => plugin,
         Err(reason) => {
             return fail(
@@ -109,7 +110,7 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         token: WorkerToken::from_env(),
         trace_payloads: !trace_payloads_disabled(),
     });
-    register_all(&iii, &prefix, &manifest.functions, dispatcher);
+    register_all(&iii, &prefix, &manifest.functions, Arc::clone(&dispatcher));
     tracing::info!(
         worker = %args.worker_name,
         functions = manifest.functions.len(),
@@ -117,47 +118,47 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         "serving"
     );
 
-    let exit = serve_until_stopped(&iii).await;
-    iii.shutdown_async().await;
+    // Start-up has finished: from here on a refused or lost connection is replaced, never a
+    // reason to exit, since the plugin's sandboxes and worker VMs would go with the process.
+    let connector = crate::bus::Connector {
+        url: args.url.clone(),
+        worker_name: args.worker_name.clone(),
+        namespace: args.namespace.clone(),
+        version: manifest.adapter_version.clone(),
+        prefix,
+        functions: manifest.functions.clone(),
+        dispatcher,
+    };
+    let bus = tokio::spawn(crate::bus::keep_connected(
+        connector,
+        Arc::clone(&services),
+        iii,
+    ));
+    let exit = until_stopped().await;
+    bus.abort();
+    services.current().shutdown_async().await;
     let _ = tokio::task::spawn_blocking(move || plugin.shutdown()).await;
     exit
 }
 
 fn connect(args: &Args, version: &str) -> IIIClient {
-    let metadata = WorkerMetadata {
-        name: args.worker_name.clone(),
-        version: version.to_string(),
-        description: Some("Runs code sandboxes and worker VMs".into()),
-        namespace: args.namespace.clone(),
-        ..WorkerMetadata::default()
-    };
-    let options = InitOptions {
-        metadata: Some(metadata),
-        namespace: args.namespace.clone(),
-        // Our own arguments already took III_WORKER_NAME / III_NAMESPACE into account.
-        identity: iii_sdk::WorkerIdentityMode::Explicit,
-        ..InitOptions::default()
-    };
-    iii_sdk::register_worker(&args.url, options)
+    crate::bus::connect(
+        &args.url,
+        &args.worker_name,
+        args.namespace.as_deref(),
+        version,
+    )
 }
 
-/// Serves until SIGINT/SIGTERM (exit 0) or a fatal refusal from the engine (exit 3).
-async fn serve_until_stopped(iii: &IIIClient) -> Exit {
+/// Waits for SIGINT/SIGTERM (exit 0).
+async fn until_stopped() -> Exit {
     let mut terminate =
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(signal) => signal,
             Err(e) => return fail(Exit::BadSetup, format!("cannot watch SIGTERM: {e}")),
         };
-    let mut poll = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Exit::Stopped,
-            _ = terminate.recv() => return Exit::Stopped,
-            _ = poll.tick() => {
-                if let Some(refusal) = iii.fatal_error() {
-                    return fail(Exit::Refused, format!("the engine refused this worker: {refusal}"));
-                }
-            }
-        }
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => Exit::Stopped,
+        _ = terminate.recv() => Exit::Stopped,
     }
 }
