@@ -356,3 +356,174 @@ async fn a_guests_telemetry_is_taken_and_dropped() {
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");
     engine.shutdown().await;
 }
+
+/// The workers the engine lists under `name`.
+async fn named(client: &Client, name: &str) -> Vec<Value> {
+    let workers = client
+        .invoke("engine::workers::list", json!({}), WAIT)
+        .await
+        .unwrap();
+    workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// Waits until `guest`'s connection has ended (the guard closed it).
+async fn closed(guest: &Client) {
+    eventually("the guard closed the connection", || async {
+        !guest.is_connected()
+    })
+    .await;
+}
+
+/// What succeeded against the engine when the guard forwarded a guest's bytes: a variant
+/// of the adapter's worker name the engine's sanitising takes for the name itself, array
+/// data read as the caller's worker id, an HTTP-invoked function. Through the guard, the
+/// adapter's own connection stays and nothing of them reaches the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_cannot_displace_the_adapter_or_make_the_engine_call_out() {
+    let engine = engine().await;
+    // The adapter's own worker, as the engine sees it.
+    let adapter = Client::connect(&engine.url()).await.unwrap();
+    adapter.announce("sandbox-libkrun", None).unwrap();
+    adapter
+        .register_function("sandbox-libkrun::list", None, None, None)
+        .unwrap();
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("sandbox-libkrun::list", None, WAIT)
+        .await
+        .unwrap();
+    eventually("the adapter is listed", || async {
+        named(&client, "sandbox-libkrun").await.len() == 1
+    })
+    .await;
+    let adapter_id = adapter.worker_id().to_string();
+
+    let guard = guard(&engine, &[]);
+    let bus = guard.open("sb-7").unwrap();
+    for name in [
+        "sandbox-libkrun\u{7}",
+        "\u{1b}sandbox-libkrun",
+        "sandbox-libkrun\u{202e}",
+        "Sandbox-Libkrun",
+    ] {
+        let guest = Client::connect(&guest_url(&bus)).await.unwrap();
+        guest.announce(name, None).unwrap();
+        let refusal = guest
+            .next_of_type("registrationrejected", WAIT)
+            .await
+            .expect("a refusal");
+        assert_eq!(refusal["code"], "WORKER_NAMESPACE_CONFLICT", "{name:?}");
+        assert!(!refusal.to_string().contains(&adapter_id), "{refusal}");
+        closed(&guest).await;
+    }
+    // The engine's `engine::workers::register` reading array data positionally.
+    let guest = Client::connect(&guest_url(&bus)).await.unwrap();
+    guest
+        .send(
+            json!({"type":"invokefunction","function_id":"engine::workers::register",
+                     "data":[adapter_id, "rust", "0", "evil"],"action":{"type":"void"}}),
+        )
+        .unwrap();
+    let refusal = guest
+        .next_of_type("registrationrejected", WAIT)
+        .await
+        .expect("a refusal");
+    assert_eq!(refusal["code"], "WORKER_NAMESPACE_CONFLICT");
+    closed(&guest).await;
+
+    // An HTTP-invoked function naming the engine's environment.
+    let guest = Client::connect(&guest_url(&bus)).await.unwrap();
+    guest
+        .send(json!({"type":"registerfunction","id":"guest::lambda",
+            "invocation":{"url":"http://127.0.0.1:9/","method":"POST",
+                          "auth":{"type":"bearer","token_key":"HOME"}}}))
+        .unwrap();
+    let refusal = guest
+        .next_of_type("registrationrejected", WAIT)
+        .await
+        .expect("a refusal");
+    assert_eq!(refusal["code"], "FUNCTION_NAMESPACE_CONFLICT");
+    assert!(
+        refusal["owner_worker_id"]
+            .as_str()
+            .unwrap()
+            .contains("http function"),
+        "{refusal}"
+    );
+    // Its connection stays: a plain function still registers.
+    guest
+        .register_function("guest::plain", None, None, None)
+        .unwrap();
+    client
+        .wait_for_function("guest::plain", None, WAIT)
+        .await
+        .unwrap();
+    assert!(!functions(&client)
+        .await
+        .contains(&"guest::lambda".to_string()));
+
+    // The adapter is still on the bus, under its name, serving.
+    assert!(adapter.is_connected());
+    let listed = named(&client, "sandbox-libkrun").await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(functions(&client)
+        .await
+        .contains(&"sandbox-libkrun::list".to_string()));
+    engine.shutdown().await;
+}
+
+/// A worker VM's guest, a real SDK worker, through the worker mode: it registers and calls
+/// openly, but not the reserved ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_vm_serves_and_calls_through_the_worker_mode() {
+    let engine = engine().await;
+    let host = worker(&engine.url(), "host-worker");
+    host.register_function("host::echo", echo());
+    let client = Client::connect(&engine.url()).await.unwrap();
+    client
+        .wait_for_function("host::echo", None, WAIT)
+        .await
+        .unwrap();
+    let guard = guard(&engine, &[]);
+    let policy = Policy::worker_vm(
+        &strings(&["sandbox-libkrun"]),
+        &strings(&["sandbox-libkrun"]),
+        false,
+    );
+    let bus = guard
+        .open_with("worker-vm-1", std::sync::Arc::new(policy))
+        .unwrap();
+    let vm = worker(&guest_url(&bus), "orders-worker");
+    vm.register_function("orders::create", echo());
+    vm.register_function("engine::impostor", echo());
+    client
+        .wait_for_function("orders::create", None, WAIT)
+        .await
+        .unwrap();
+    let answer = client
+        .invoke("orders::create", json!({"n": 5}), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(answer["echo"]["n"], 5);
+    // No list of the guard's calls: a worker calls what it needs.
+    let echoed = call(&vm, "host::echo", json!({"n": 6})).await.unwrap();
+    assert_eq!(echoed["echo"]["n"], 6);
+    let message = refused(call(&vm, "engine::functions::list", json!({})).await);
+    assert!(message.contains("engine::"), "{message}");
+    assert!(!functions(&client)
+        .await
+        .contains(&"engine::impostor".to_string()));
+    eventually("the worker is listed under its name", || async {
+        named(&client, "orders-worker").await.len() == 1
+    })
+    .await;
+    vm.shutdown_async().await;
+    host.shutdown_async().await;
+    engine.shutdown().await;
+}
