@@ -540,15 +540,14 @@ impl LibkrunBackend {
     /// into the runner's own, so a sandbox asking for network gets TSI only with its runner in
     /// a network namespace of its own, behind the egress policy (the `egress` crate, as on
     /// bwrap); where that cannot be had it is refused, never given the host's network. A
-    /// worker VM (always with network) gets the same, with the bus (`III_URL`'s address) as
-    /// the one way to the engine: on the host's loopback, its port forwarded by pasta from
-    /// the namespace's loopback, so the guest's `III_URL` works unchanged and no other host
-    /// port does.
+    /// worker VM (always with network) gets the same, with its endpoint of the adapter's bus
+    /// guard as the one way to the engine: the engine's port on the namespace's loopback,
+    /// forwarded by pasta to the guard on the host's loopback, and no other host port.
     fn egress_for(&self, spec: &BootSpec) -> Result<Option<NetworkSetup>, SandboxError> {
         if !spec.network {
             return Ok(None);
         }
-        if spec.persistent_layer && spec.egress.bus.is_none() {
+        if spec.persistent_layer && spec.egress.bus.is_none() && spec.egress.bus_guard.is_none() {
             return Err(SandboxError::BootFailed(
                 "worker VMs need the engine's address (III_URL) for their way to the bus".into(),
             ));

@@ -93,7 +93,7 @@ pub fn build(
         // TSI only behind the egress policy (a sandbox with network, every worker VM): the
         // runner's sockets, which TSI makes the guest's, are then in a namespace of its own
         // where the policy judges them; a worker VM's bus is the engine's one port that pasta
-        // forwards from that namespace's loopback.
+        // forwards from that namespace's loopback to the VM's endpoint of the bus guard.
         "network": false,
     });
     if let Some(setup) = egress {

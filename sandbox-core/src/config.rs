@@ -183,6 +183,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     crate::bus::ACCESS_KEY,
     crate::bus::CALL_KEY,
     crate::bus::REGISTER_KEY,
+    crate::bus::WORKER_HTTP_KEY,
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

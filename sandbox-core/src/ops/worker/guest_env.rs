@@ -4,9 +4,10 @@
 
 /// The worker token's variable (the shell checks it; here it is only filtered out).
 pub const TOKEN_ENV: &str = "III_SANDBOX_WORKER_TOKEN";
-/// The engine's address, for the guest; ours, else the engine's default.
+/// The engine's address, for the guest: its own end of the line to the bus guard.
 pub const URL_ENV: &str = "III_URL";
-pub const DEFAULT_URL: &str = "ws://127.0.0.1:49134";
+/// The namespace a Compose worker's SDK announces itself and acts in.
+pub const NAMESPACE_ENV: &str = "III_NAMESPACE";
 /// The worker VM's own id, for the guest.
 pub const VM_ID_ENV: &str = "III_WORKER_VM_ID";
 
@@ -70,14 +71,6 @@ pub fn guest_env(
     env.push((URL_ENV.into(), engine_url.into()));
     env.push((VM_ID_ENV.into(), vm_id.into()));
     env
-}
-
-/// Our `$III_URL`, else the engine's default address.
-pub fn engine_url() -> String {
-    std::env::var(URL_ENV)
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| DEFAULT_URL.into())
 }
 
 #[cfg(test)]

@@ -4,15 +4,16 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_proto::client::{AgentClient, AgentError, OutputChunk};
 use agent_proto::{ExecExit, ExecSpec};
 use bounded_log::{BoundedFile, Start};
+use bus_guard::SandboxBus;
 use tokio::sync::{mpsc, watch};
 
-use super::guest_env::guest_env;
+use super::guest_env::{guest_env, NAMESPACE_ENV};
 use super::record::{now_rfc3339, WorkerRecord, WorkerState};
 use super::safe_fs;
 use super::tree::read_only_tree;
@@ -39,6 +40,9 @@ pub struct Run {
     agent: AgentClient,
     process: Box<dyn SandboxProcess>,
     layer: PathBuf,
+    /// The VM's endpoint of the bus guard: its only way to the engine, closed (ending every
+    /// connection of the worker, so the engine drops its functions) at teardown.
+    bus: Mutex<Option<SandboxBus>>,
     /// A caller (stop, destroy, shutdown) settles the record: the program's end does not.
     stop_requested: AtomicBool,
     program_ended: AtomicBool,
@@ -50,6 +54,16 @@ impl Run {
     /// The host process holding the VM.
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
+    }
+
+    /// Ends the VM's bus endpoint and its connections (once; later calls do nothing).
+    fn close_bus(&self) {
+        let bus = self
+            .bus
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(bus);
     }
 
     pub fn program_ended(&self) -> bool {
@@ -123,6 +137,12 @@ async fn boot<B: Backend>(
         host: workers.dirs.data(&vm_id),
         guest: STATE_DIR.into(),
     });
+    let namespace = record
+        .env
+        .iter()
+        .find(|(name, _)| name == NAMESPACE_ENV)
+        .map(|(_, value)| value.as_str());
+    let (bus_line, bus, guest_url) = plugin.buses.worker_endpoint(&vm_id, namespace)?;
     let spec = BootSpec {
         sandbox_id: format!("worker-{vm_id}"),
         image_root: image.rootfs.clone(),
@@ -132,8 +152,10 @@ async fn boot<B: Backend>(
         pids: plugin.config.max_pids_per_sandbox,
         disk_mb: plugin.config.default_disk_mb,
         network: true,
+        // The guard's endpoint, never the engine itself, wherever the engine is.
         egress: crate::network::Egress {
-            bus: crate::network::bus_address(&workers.engine_url),
+            bus: None,
+            bus_guard: Some(bus_line),
             ..plugin.config.egress.clone()
         },
         agent_path: plugin.agent_path.clone(),
@@ -168,7 +190,7 @@ async fn boot<B: Backend>(
 
     let program = ExecSpec {
         argv: record.command.clone(),
-        env: guest_env(&image.config.env, &record.env, &vm_id, &workers.engine_url),
+        env: guest_env(&image.config.env, &record.env, &vm_id, &guest_url),
         workdir: record.workdir.clone().or_else(|| Some(WORKER_DIR.into())),
         stdin: Vec::new(),
         // An internal call: no deadline, and all of the output, streamed into the log.
@@ -180,6 +202,7 @@ async fn boot<B: Backend>(
         agent,
         process: booted.process,
         layer,
+        bus: Mutex::new(Some(bus)),
         stop_requested: AtomicBool::new(false),
         program_ended: AtomicBool::new(false),
         done: watch::channel(false).0,
@@ -276,6 +299,7 @@ async fn finish<B: Backend>(
 async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
     let _ = tokio::time::timeout(AGENT_GOODBYE, run.agent.shutdown()).await;
     run.process.kill().await;
+    run.close_bus();
     plugin.backend.release_layer(&run.layer);
     crate::layer::kill_recorded_process(&run.layer);
 }
@@ -311,6 +335,7 @@ pub async fn kill_run<B: Backend>(plugin: &SandboxPlugin<B>, run: &Run) {
     run.stop_requested.store(true, Ordering::SeqCst);
     let _ = tokio::time::timeout(AGENT_GOODBYE, run.agent.shutdown()).await;
     run.process.kill().await;
+    run.close_bus();
     plugin.backend.release_layer(&run.layer);
 }
 

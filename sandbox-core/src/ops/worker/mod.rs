@@ -59,7 +59,6 @@ pub struct Workers {
     dirs: WorkerDirs,
     roots: HostRoots,
     token: TokenFilter,
-    engine_url: String,
     /// The `III_VM_*` tuning, for `status` (the backend applies it to worker VMs' boots).
     tuning: VmTuning,
     runs: Mutex<HashMap<String, Arc<Run>>>,
@@ -69,13 +68,12 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Reads the roots, the token (to filter it) and `$III_URL` from the environment.
+    /// Reads the roots and the token (to filter it) from the environment.
     pub fn open(state_dir: &Path) -> io::Result<Self> {
         Ok(Self {
             dirs: WorkerDirs::open(state_dir)?,
             roots: HostRoots::from_env(),
             token: TokenFilter::from_env(),
-            engine_url: guest_env::engine_url(),
             tuning: VmTuning::get(),
             runs: Mutex::default(),
             op_locks: Mutex::default(),
