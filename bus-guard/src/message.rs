@@ -347,14 +347,21 @@ pub(crate) struct RegisterTrigger {
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger_namespace: Option<String>,
+    /// The Node SDK's own tag, sent beside `type`: read, not relayed.
+    #[serde(default, skip_serializing)]
+    pub message_type: Option<String>,
 }
 
-/// `unregistertrigger` (worker mode), both ways.
+/// `unregistertrigger` (worker mode). The Python SDK may leave `trigger_type` out: the guard
+/// fills it in from the trigger's registration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UnregisterTrigger {
     pub id: String,
-    pub trigger_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_type: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub message_type: Option<String>,
 }
 
 /// `triggerregistrationresult` (worker mode), both ways: a provider's answer to the
@@ -367,6 +374,11 @@ pub(crate) struct TriggerRegistrationResult {
     pub function_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
+    /// The Python SDK's, which the engine does not read: not relayed.
+    #[serde(default, skip_serializing)]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing)]
+    pub message_type: Option<String>,
 }
 
 /// The data of `engine::workers::register`, as the SDKs send it (Rust's `WorkerMetadata`

@@ -82,7 +82,7 @@ impl fmt::Display for Refusal {
             ),
             Refusal::AdapterWorkerName { name } => write!(
                 f,
-                "refused by the sandbox bus guard: a sandbox may not announce itself as worker `{name}`, the adapter's own name"
+                "refused by the sandbox bus guard: no guest may announce itself as worker `{name}`, which is (or reads as) the adapter's own name"
             ),
             Refusal::Limit { what } => write!(f, "refused by the sandbox bus guard: {what}"),
             Refusal::Rule { rule, what } => {

@@ -116,8 +116,9 @@ pub(crate) struct Session {
     serving: HashMap<Uuid, String>,
     /// The guest's calls, awaiting the engine's result.
     calling: HashSet<Uuid>,
-    /// Worker mode: triggers the guest bound (id -> bytes), trigger types it provides.
-    triggers: HashMap<String, usize>,
+    /// Worker mode: triggers the guest bound (id -> bytes, type), trigger types it provides
+    /// (id -> bytes).
+    triggers: HashMap<String, (usize, String)>,
     trigger_types: HashMap<String, usize>,
     /// Worker mode: triggers the engine asked this guest (a provider) to bind: id -> (type,
     /// function).
@@ -197,9 +198,11 @@ impl Session {
             Guest::RegisterTrigger(t) if self.ctx.policy.is_worker_vm() => {
                 self.register_trigger(t, out)
             }
-            Guest::UnregisterTrigger(t) if self.ctx.policy.is_worker_vm() => {
-                if let Some(bytes) = self.triggers.remove(&t.id) {
+            Guest::UnregisterTrigger(mut t) if self.ctx.policy.is_worker_vm() => {
+                if let Some((bytes, trigger_type)) = self.triggers.remove(&t.id) {
                     self.registration_bytes -= bytes;
+                    t.trigger_type = Some(trigger_type);
+                    t.message_type = None;
                     self.to_engine(out, ToEngine::UnregisterTrigger(t));
                 }
                 Ok(())
@@ -214,6 +217,8 @@ impl Session {
                     return Ok(());
                 }
                 t.function_id = function.clone();
+                t.result = None;
+                t.message_type = None;
                 if let Some(error) = &t.error {
                     error_body(kind, error)?;
                 }
@@ -729,7 +734,7 @@ impl Session {
             // A trigger makes the engine call its function: never one reserved.
             policy.may_register(&t.function_id)?;
             let bytes = json_len(&Some(t.config.clone())) + json_len(&t.metadata);
-            let before = self.triggers.get(&t.id).copied();
+            let before = self.triggers.get(&t.id).map(|(bytes, _)| *bytes);
             if before.is_none() && self.triggers.len() >= MAX_TRIGGERS {
                 return Err(Refusal::Limit {
                     what: format!("a connection binds at most {MAX_TRIGGERS} triggers"),
@@ -740,7 +745,9 @@ impl Session {
         })();
         match verdict {
             Ok(bytes) => {
-                if let Some(before) = self.triggers.insert(t.id.clone(), bytes) {
+                t.message_type = None;
+                let entry = (bytes, t.trigger_type.clone());
+                if let Some((before, _)) = self.triggers.insert(t.id.clone(), entry) {
                     self.registration_bytes -= before;
                 }
                 self.registration_bytes += bytes;
