@@ -45,10 +45,17 @@ pub struct BwrapBackend {
     egress_tools: HostTools,
     /// How persistent layers (worker VMs) are bounded here (see `disk.rs`).
     worker_disks: WorkerDisks,
+    /// Each sandbox's share of the host's open files and per-user counters.
+    budget: crate::ns_limits::Budget,
 }
 
 impl BwrapBackend {
     pub fn new() -> Self {
+        Self::for_config(&sandbox_core::Config::default())
+    }
+
+    /// Sized for `config`'s `max_concurrent_sandboxes` and `max_pids_per_sandbox`.
+    pub fn for_config(config: &sandbox_core::Config) -> Self {
         let launcher = sandbox_core::helper_program(LAUNCHER_ENV, LAUNCHER);
         cgroup::sweep_dead_instances();
         let id_map = IdMap::for_process(
@@ -66,6 +73,12 @@ impl BwrapBackend {
                 "sandboxes' cpus, memory and pids cannot all be bounded on this host: creates are refused (S300) unless allow_unbounded_sandboxes"
             );
         }
+        let budget = crate::ns_limits::Budget::at_start(
+            config.max_concurrent_sandboxes,
+            config.max_pids_per_sandbox,
+            limits_in_force.contains(&"memory"),
+            limits_in_force.contains(&"pids"),
+        );
         // Every layer is size-limited, whoever runs the adapter (see `disk.rs`).
         limits_in_force.push("disk");
         let bwrap = find_in_path("bwrap");
@@ -81,6 +94,7 @@ impl BwrapBackend {
         }
         Self {
             worker_disks,
+            budget,
             limits_in_force,
             egress_tools: HostTools::find(),
             bwrap,
@@ -221,6 +235,10 @@ impl Backend for BwrapBackend {
                 }
             }
         }
+        // Fails closed: a sandbox past its share of the host's counters is not started.
+        if let Some(why) = self.budget.refusal().filter(|_| !spec.persistent_layer) {
+            return Err(SandboxError::BootFailed(why.to_string()));
+        }
         let launcher = self.pool.take().map_err(|e| {
             boot_error(
                 &format!("cannot start the launcher {}", self.launcher.display()),
@@ -231,10 +249,11 @@ impl Backend for BwrapBackend {
         std::fs::write(spec.layer_dir.join(GROUP_FILE), launcher.group.name())
             .map_err(|e| boot_error("cannot record the sandbox's cgroup", e))?;
         // Fails closed: a limit not written is a sandbox not started.
-        if let Err(e) = launcher
-            .group
-            .set_limits(spec.cpus, spec.memory_mb, spec.pids)
-        {
+        if let Err(e) = launcher.group.set_limits(
+            spec.cpus,
+            spec.memory_mb,
+            self.budget.pids(spec.pids, spec.persistent_layer),
+        ) {
             crate::pool::discard(launcher);
             return Err(SandboxError::BootFailed(e.to_string()));
         }
@@ -272,7 +291,7 @@ impl Backend for BwrapBackend {
             args: bwrap_args(spec, &mounts, &merged, &Scratch::of(spec, disk.as_ref())),
             network,
             disk,
-            ceilings: crate::ns_limits::Ceilings::for_sandbox(spec.persistent_layer),
+            ceilings: self.budget.ceilings(spec.persistent_layer),
         };
         let message = command
             .encode()
@@ -380,7 +399,7 @@ impl Backend for BwrapBackend {
                 "worker_layers": self.worker_disks.describe_layers(),
                 "worker_state": self.worker_disks.describe_state(),
             },
-            "ceilings": crate::ns_limits::Ceilings::describe(),
+            "ceilings": self.budget.describe(),
             "network": self.egress_tools.describe(
                 "always the sandbox's own (network: false: loopback only)",
                 "the sandbox's namespace",

@@ -142,7 +142,11 @@ mod tests {
             args: vec!["--unshare-all".into(), "a b \"c\"".into()],
             network: None,
             disk: None,
-            ceilings: crate::ns_limits::Ceilings::for_sandbox(false),
+            ceilings: crate::ns_limits::Ceilings {
+                open_files_soft: 1024,
+                open_files_hard: 4096,
+                counters: [Some(16), Some(24_067), None, None],
+            },
         }
     }
 

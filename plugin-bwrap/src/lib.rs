@@ -34,11 +34,13 @@ fn manifest() -> Manifest {
 }
 
 fn init(config: &serde_json::Value, host: Host) -> Result<Arc<dyn Plugin>, String> {
+    // The backend sizes each sandbox's share of the host by the sandbox cap and pids.
+    let parsed = sandbox_core::Config::from_json(config).map_err(|e| e.to_string())?;
     let plugin = SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
-        BwrapBackend::new(),
+        BwrapBackend::for_config(&parsed),
         host,
     )?;
     Ok(plugin)
