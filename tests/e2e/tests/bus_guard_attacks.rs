@@ -1,0 +1,644 @@
+//! Attacks a sandbox on the bus (`sandbox_bus_access: true`, bwrap) makes on the host through
+//! the adapter's bus guard, each one that worked against the real iii engine; every test
+//! asserts the attack FAILED. The test engine does what the real engine does where these
+//! attacks depend on it (tests/engine/README.md): it sanitises worker names before comparing
+//! them, reads `engine::workers::register`'s array data positionally (its first element is
+//! the worker the announcement applies to), and sends HTTP-invoked functions' calls itself,
+//! with a credential from its own environment.
+//!
+//! The guest is `bus_attacks.py`, raw protocol frames from the `pysdk` fixture image (built
+//! and pushed once, see bus_guard.rs); where bwrap, pasta or that image are missing the tests
+//! say DID NOT RUN. The guard's refusal texts are not asserted, only outcomes: the adapter
+//! alive and serving, the host's workers and functions unchanged, nothing sent from the host,
+//! and bounds on what the engine and the adapter's log were made to hold.
+
+mod sandbox_support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Client, Stack, PREFIX};
+use iii_sdk::runtime::WorkerMetadata;
+use iii_sdk::{register_worker, IIIClient, InitOptions, RegisterFunction, WorkerIdentityMode};
+use iii_test_engine::{Engine, EngineStats};
+use sandbox_support::{create, stdout};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ATTACKS: &str = include_str!("bus_attacks.py");
+const ATTACKS_PATH: &str = "/root/attacks.py";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The pysdk fixture in the test registry (built and pushed once per test process), or why
+/// not.
+fn pysdk_image() -> Result<String, String> {
+    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let registry = e2e_tests::registry();
+            let out = std::process::Command::new("bash")
+                .arg(e2e_tests::repo_root().join("tests/fixtures/build-fixtures.sh"))
+                .args([registry, "pysdk"])
+                .output()
+                .map_err(|e| format!("cannot run build-fixtures.sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the pysdk fixture could not be built: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(format!("{registry}/fixtures/python-iii:latest"))
+        })
+        .clone()
+}
+
+/// Whether the test can run here (bwrap, pasta, the pysdk image); says why not.
+fn usable(test: &str) -> bool {
+    if !bwrap_usable(test) {
+        return false;
+    }
+    if std::process::Command::new("pasta")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("\n*** {test} DID NOT RUN: needs pasta for sandboxes with network ***\n");
+        return false;
+    }
+    if let Err(why) = pysdk_image() {
+        println!("\n*** {test} DID NOT RUN: {why} ***\n");
+        return false;
+    }
+    true
+}
+
+/// The stack with the bus keys of `bus`, its engine's environment holding `env` (the engine
+/// runs in this process: its builder, not this process's environment, gives it a secret).
+async fn stack_with(bus: Value, env: &[(&str, &str)]) -> Stack {
+    let mut extra = json!({
+        "custom_images": {"pysdk": pysdk_image().unwrap()},
+        "image_allowlist": ["python", "pysdk"],
+        "sandbox_bus_access": true,
+    });
+    if let (Some(base), Value::Object(bus)) = (extra.as_object_mut(), bus) {
+        base.extend(bus);
+    }
+    let options = AdapterOptions::default();
+    let state_dir = e2e_tests::host_dir();
+    let config = e2e_tests::config_with(state_dir.path(), extra);
+    let mut builder = Engine::with_config(options.config_name.clone(), config);
+    for (name, value) in env {
+        builder = builder.env(*name, *value);
+    }
+    let engine = builder
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("start engine");
+    let adapter = Adapter::spawn(&engine.url(), &options);
+    let client = Client::connect(&engine.url()).await.expect("client");
+    let ready = client
+        .wait_for_function(
+            &format!("{PREFIX}::adapter::info"),
+            None,
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        ready.is_ok(),
+        "adapter did not register: {ready:?}\n{}",
+        adapter.log()
+    );
+    Stack {
+        engine,
+        client,
+        adapter,
+        state_dir,
+    }
+}
+
+fn engine_port(stack: &Stack) -> u16 {
+    stack.engine.addr().port()
+}
+
+/// A sandbox on the bus with network, the engine at its localhost, `bus_attacks.py` written.
+async fn attacker_sandbox(stack: &Stack) -> String {
+    let url = format!("ws://localhost:{}", engine_port(stack));
+    let id = create(
+        stack,
+        "pysdk",
+        json!({"network": true, "env": {"III_URL": url}}),
+    )
+    .await;
+    stack
+        .call(
+            "fs::write",
+            json!({"sandbox_id": id, "path": ATTACKS_PATH, "content": ATTACKS, "parents": true}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("fs::write: {e:?}"));
+    id
+}
+
+/// Runs `bus_attacks.py MODE ARGS...` in `id`; the JSON line it printed, or
+/// `{"exec_error": ..}` when the exec itself failed (an attack that took the adapter down
+/// ends its own exec; the checks after it say what happened).
+async fn attack(stack: &Stack, id: &str, args: &[&str]) -> Value {
+    let mut argv = vec!["python3", ATTACKS_PATH];
+    argv.extend(args);
+    let answer = match sandbox_support::exec(
+        stack,
+        id,
+        json!({"argv": argv, "timeout_ms": 120_000}),
+    )
+    .await
+    {
+        Ok(answer) => answer,
+        Err(error) => return json!({ "exec_error": format!("{error:?}") }),
+    };
+    stdout(&answer)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON from the attack {args:?}: {answer}"))
+}
+
+/// Like [`attack`], sampling what the engine holds every 50 ms while it runs: the most of
+/// each count seen (what a guest holds goes when its connection does).
+async fn attack_sampled(stack: &Stack, id: &str, args: &[&str]) -> (Value, EngineStats) {
+    let done = AtomicBool::new(false);
+    let run = async {
+        let outcome = attack(stack, id, args).await;
+        done.store(true, Ordering::SeqCst);
+        outcome
+    };
+    let sample = async {
+        let mut most = stack.engine.stats();
+        while !done.load(Ordering::SeqCst) {
+            let now = stack.engine.stats();
+            most = EngineStats {
+                workers: most.workers.max(now.workers),
+                functions: most.functions.max(now.functions),
+                channels: most.channels.max(now.channels),
+                schema_bytes: most.schema_bytes.max(now.schema_bytes),
+            };
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        most
+    };
+    tokio::join!(run, sample)
+}
+
+/// A host worker named `name` (in `namespace`, else `default`) serving `ids`; each answers
+/// `{echo: input}` and counts its calls in `calls`.
+fn host_worker(
+    stack: &Stack,
+    name: &str,
+    namespace: Option<&str>,
+    ids: &[&str],
+    calls: Arc<AtomicUsize>,
+) -> IIIClient {
+    let worker = register_worker(
+        &stack.engine.url(),
+        InitOptions {
+            metadata: Some(WorkerMetadata {
+                name: name.into(),
+                namespace: namespace.map(str::to_string),
+                ..WorkerMetadata::default()
+            }),
+            namespace: namespace.map(str::to_string),
+            identity: WorkerIdentityMode::Explicit,
+            ..InitOptions::default()
+        },
+    );
+    for id in ids {
+        let calls = calls.clone();
+        worker.register_function(
+            *id,
+            RegisterFunction::new_async(move |input: Value| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(json!({ "echo": input })) }
+            }),
+        );
+    }
+    worker
+}
+
+/// `engine::workers::list`'s workers.
+async fn workers(stack: &Stack) -> Vec<Value> {
+    let list = stack
+        .client
+        .invoke("engine::workers::list", json!({}), WAIT)
+        .await
+        .expect("engine::workers::list");
+    list["workers"].as_array().cloned().unwrap_or_default()
+}
+
+/// The id of the one worker named `name`.
+async fn worker_id(stack: &Stack, name: &str) -> String {
+    let named: Vec<String> = workers(stack)
+        .await
+        .iter()
+        .filter(|w| w["name"] == name)
+        .filter_map(|w| w["id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(named.len(), 1, "workers named {name}: {named:?}");
+    named[0].clone()
+}
+
+/// The ids `engine::functions::list` shows in `namespace` (every namespace when `None`).
+async fn functions(stack: &Stack, namespace: Option<&str>) -> Vec<String> {
+    let mut filter = json!({});
+    if let Some(ns) = namespace {
+        filter["namespace"] = json!(ns);
+    }
+    let list = stack
+        .client
+        .invoke("engine::functions::list", filter, WAIT)
+        .await
+        .expect("engine::functions::list");
+    list["functions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f["function_id"].as_str().map(String::from))
+        .collect()
+}
+
+/// The adapter is alive and still serves another tenant's sandbox.
+async fn assert_adapter_serves(stack: &mut Stack, other: &str, after: &str) {
+    assert!(
+        stack.adapter.is_running(),
+        "the adapter died after {after}:\n{}",
+        stack.adapter.log()
+    );
+    let answer = sandbox_support::exec(stack, other, json!({"argv": ["true"]}))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "another tenant's exec failed after {after}: {e:?}\n{}",
+                stack.adapter.log()
+            )
+        });
+    assert_eq!(answer["exit_code"], 0, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_cannot_rename_or_evict_the_adapter_or_a_host_worker() {
+    if !usable("a_guest_cannot_rename_or_evict_the_adapter_or_a_host_worker") {
+        return;
+    }
+    let mut stack = stack_with(json!({}), &[]).await;
+    let victim_calls = Arc::new(AtomicUsize::new(0));
+    let victim = host_worker(
+        &stack,
+        "victim-worker",
+        None,
+        &["victim::fn"],
+        victim_calls.clone(),
+    );
+    stack
+        .client
+        .wait_for_function("victim::fn", None, WAIT)
+        .await
+        .expect("the victim serves");
+    let adapter_id = worker_id(&stack, "sandbox-libkrun").await;
+    let victim_id = worker_id(&stack, "victim-worker").await;
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+
+    // The adapter's name with a control or bidi character: the engine would read it as the
+    // adapter's name, and its refusal would tell the guest the adapter's worker id.
+    let names = attack(&stack, &id, &["names", "sandbox-libkrun"]).await;
+    println!("name variants: {names}");
+    // Array data naming the adapter's and the victim's worker ids (which a guest that learnt
+    // them, by the refusal above or otherwise, can send). The victim first: an attack that
+    // takes the adapter down ends the sandbox with it.
+    let claim = attack(&stack, &id, &["claim", "guest-squatter", &victim_id]).await;
+    println!("array claims on the victim: {claim}");
+    let claim = attack(&stack, &id, &["claim", "guest-squatter-2", &adapter_id]).await;
+    println!("array claims on the adapter: {claim}");
+    // What the engine does with an announcement is done once it has read it; give the
+    // adapter and the victim the time to be refused and to go.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Every outcome is checked and reported together: one attack's success must not hide
+    // whether the others worked.
+    let mut failures: Vec<String> = Vec::new();
+    let listed = workers(&stack).await;
+    let entry = |wanted: &str| {
+        listed
+            .iter()
+            .find(|w| w["id"] == wanted)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    if entry(&adapter_id)["name"] != "sandbox-libkrun" {
+        failures.push(format!(
+            "the adapter's worker was renamed or evicted: {}",
+            entry(&adapter_id)
+        ));
+    }
+    if entry(&victim_id)["name"] != "victim-worker" {
+        failures.push(format!(
+            "the victim worker was renamed or evicted: {}",
+            entry(&victim_id)
+        ));
+    }
+    let renamed: Vec<&Value> = listed
+        .iter()
+        .filter(|w| {
+            w["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("guest-renamed") || n.starts_with("guest-forged"))
+        })
+        .collect();
+    if !renamed.is_empty() {
+        failures.push(format!("workers a guest renamed: {renamed:?}"));
+    }
+    match stack
+        .client
+        .invoke("victim::fn", json!({"n": 1}), WAIT)
+        .await
+    {
+        Ok(echoed) if echoed["echo"]["n"] == 1 => {}
+        other => failures.push(format!("the victim lost its function: {other:?}")),
+    }
+    if names.to_string().contains(&adapter_id) {
+        failures.push(format!(
+            "a refusal told the guest the adapter's worker id: {names}"
+        ));
+    }
+    if !stack.adapter.is_running() {
+        failures.push("the adapter died".into());
+    } else {
+        let answer = sandbox_support::exec(&stack, &other, json!({"argv": ["true"]})).await;
+        if !answer.as_ref().is_ok_and(|a| a["exit_code"] == 0) {
+            failures.push(format!("another tenant's exec failed: {answer:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the name attacks worked:\n- {}\nthe adapter's log: {}",
+        failures.join("\n- "),
+        stack.adapter.log()
+    );
+    victim.shutdown_async().await;
+}
+
+/// A listener on the host's loopback that answers every request `{}` and keeps what it heard.
+struct Bait {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+    heard: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Bait {
+    async fn start() -> Bait {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let (count, record) = (connections.clone(), heard.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buffer = [0u8; 8192];
+                    if let Ok(Ok(n)) =
+                        tokio::time::timeout(Duration::from_secs(2), socket.read(&mut buffer)).await
+                    {
+                        record
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .extend_from_slice(&buffer[..n]);
+                    }
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                        .await;
+                });
+            }
+        });
+        Bait {
+            port,
+            connections,
+            heard,
+        }
+    }
+
+    fn heard(&self) -> String {
+        String::from_utf8_lossy(&self.heard.lock().unwrap_or_else(|e| e.into_inner())).into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_cannot_make_the_engine_send_its_secrets() {
+    if !usable("a_guest_cannot_make_the_engine_send_its_secrets") {
+        return;
+    }
+    let secret = uuid_like();
+    let variable = format!("BUS_ATTACK_TOKEN_{}", &uuid_like()[..12]);
+    let mut stack = stack_with(json!({}), &[(&variable, &secret)]).await;
+    let bait = Bait::start().await;
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+    let url = format!("http://127.0.0.1:{}/collect", bait.port);
+
+    // The guest registers and calls its hooks, then holds them while the host calls them
+    // too: an HTTP function's call is the engine's to send, whoever makes it.
+    let args = ["http", url.as_str(), variable.as_str(), "8"];
+    let guest = attack(&stack, &id, &args);
+    let host = async {
+        let mut answers = Vec::new();
+        for hook in [
+            "guest::hook-bearer",
+            "guest::hook-apikey",
+            "guest::hook-hmac",
+        ] {
+            if stack
+                .client
+                .wait_for_function(hook, None, Duration::from_secs(5))
+                .await
+                .is_ok()
+            {
+                let answer = stack
+                    .client
+                    .invoke(hook, json!({"from": "host"}), Duration::from_secs(10))
+                    .await;
+                answers.push(format!("{hook}: {answer:?}"));
+            }
+        }
+        answers
+    };
+    let (guest, host) = tokio::join!(guest, host);
+    println!("the guest saw: {guest}\nthe host's calls: {host:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let heard = bait.heard();
+    assert!(
+        !heard.contains(&secret),
+        "the engine sent its secret to the guest's URL: {heard}"
+    );
+    assert_eq!(
+        bait.connections.load(Ordering::SeqCst),
+        0,
+        "the engine sent requests to the guest's URL: {heard}"
+    );
+    assert_adapter_serves(&mut stack, &other, "the HTTP-function attack").await;
+}
+
+/// 32 random hex digits (the test's secret, and a variable name no environment has).
+fn uuid_like() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("/dev/urandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// At most this much of a sandbox's function schemas may the engine be made to hold.
+const MAX_SCHEMA_BYTES: usize = 16 << 20;
+/// At most this many channels may a sandbox's flood make the engine create.
+const MAX_FLOOD_CHANNELS: usize = 256;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_registrations_are_refused_past_a_ceiling() {
+    if !usable("oversized_registrations_are_refused_past_a_ceiling") {
+        return;
+    }
+    let mut stack = stack_with(json!({"sandbox_bus_register": ["guest::*"]}), &[]).await;
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+
+    let before = stack.engine.stats();
+    let (schemas, most) = attack_sampled(
+        &stack,
+        &id,
+        &["schemas", "150", &(1 << 20).to_string(), "10"],
+    )
+    .await;
+    println!("150 x 1 MiB schemas: {schemas}; engine before {before:?}, at most {most:?}");
+    let held_bytes = most.schema_bytes.saturating_sub(before.schema_bytes);
+    let held_functions = most.functions.saturating_sub(before.functions);
+    assert!(
+        held_bytes <= MAX_SCHEMA_BYTES,
+        "the engine held {held_bytes} bytes of one sandbox's schemas ({held_functions} functions)"
+    );
+    assert!(
+        held_functions < 150,
+        "every one of 150 oversized registrations reached the engine"
+    );
+    assert!(
+        schemas["refusals"].as_u64().unwrap_or(0) > 0 || schemas["closed"] == true,
+        "the guest was told of no refusal: {schemas}"
+    );
+
+    assert_adapter_serves(&mut stack, &other, "the registration flood").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_flood_is_refused_past_its_rate() {
+    if !usable("a_channel_flood_is_refused_past_its_rate") {
+        return;
+    }
+    let mut stack = stack_with(json!({}), &[]).await;
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+    let before = stack.engine.stats();
+    let flood = attack(&stack, &id, &["channels", "5000"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = stack.engine.stats();
+    let created = after.channels.saturating_sub(before.channels);
+    println!("channel flood: {flood}; {created} channels created");
+    assert!(
+        created <= MAX_FLOOD_CHANNELS,
+        "a flood of 5000 engine::channels::create made {created} channels"
+    );
+    assert_adapter_serves(&mut stack, &other, "the channel flood").await;
+}
+
+/// At most this much may 15 s of refused calls over reconnecting connections add to the
+/// adapter's log.
+const MAX_CHURN_LOG_BYTES: usize = 200 * 1024;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_call_churn_does_not_flood_the_adapters_log() {
+    if !usable("refused_call_churn_does_not_flood_the_adapters_log") {
+        return;
+    }
+    let mut stack = stack_with(json!({}), &[]).await;
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+    let before = stack.adapter.log().len();
+    let churn = attack(&stack, &id, &["churn", "15"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let grown = stack.adapter.log().len().saturating_sub(before);
+    println!("churn: {churn}; the adapter's log grew {grown} bytes");
+    assert!(
+        churn["calls"].as_u64().unwrap_or(0) > 0,
+        "the churn made no call: {churn}"
+    );
+    assert!(
+        grown <= MAX_CHURN_LOG_BYTES,
+        "15 s of refused calls grew the adapter's log by {grown} bytes (bound {MAX_CHURN_LOG_BYTES})"
+    );
+    assert_adapter_serves(&mut stack, &other, "the churn").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_cannot_reach_or_join_another_namespace() {
+    if !usable("a_guest_cannot_reach_or_join_another_namespace") {
+        return;
+    }
+    let mut stack = stack_with(
+        json!({"sandbox_bus_call": ["host::allowed"], "sandbox_bus_register": ["guest::*"]}),
+        &[],
+    )
+    .await;
+    let tenant_calls = Arc::new(AtomicUsize::new(0));
+    let tenant = host_worker(
+        &stack,
+        "tenant-b-worker",
+        Some("tenant-b"),
+        &["host::allowed"],
+        tenant_calls.clone(),
+    );
+    let reached = sandbox_support::eventually(WAIT, || async {
+        functions(&stack, Some("tenant-b"))
+            .await
+            .iter()
+            .any(|f| f == "host::allowed")
+    })
+    .await;
+    assert!(reached, "tenant-b's worker did not register");
+    let other = create(&stack, "python", json!({})).await;
+    let id = attacker_sandbox(&stack).await;
+
+    let outcome = attack(&stack, &id, &["namespace", "tenant-b", "host::allowed"]).await;
+    println!("namespace attack: {outcome}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        tenant_calls.load(Ordering::SeqCst),
+        0,
+        "the guest's call reached another namespace's worker: {outcome}"
+    );
+    let joined = functions(&stack, Some("tenant-b")).await;
+    assert!(
+        !joined.iter().any(|f| f.starts_with("guest::")),
+        "the guest registered in another namespace: {joined:?}"
+    );
+    let announced: Vec<Value> = workers(&stack)
+        .await
+        .into_iter()
+        .filter(|w| w["namespace"] == "tenant-b" && w["name"] != "tenant-b-worker")
+        .collect();
+    assert!(
+        announced.is_empty(),
+        "a guest worker announced itself in another namespace: {announced:?}"
+    );
+    assert_adapter_serves(&mut stack, &other, "the namespace attack").await;
+    tenant.shutdown_async().await;
+}
