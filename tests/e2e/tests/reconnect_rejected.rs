@@ -3,14 +3,15 @@
 //! the adapter's reconnect is refused with `WORKER_NAMESPACE_CONFLICT`. The adapter must not
 //! exit (its sandboxes and worker VMs would go with it): it serves again within seconds from
 //! a standby connection, says so in `adapter::info.bus`, and takes its name back once the
-//! other worker is gone.
+//! other worker is gone. A connection the engine merely closes is the SDK's to reconnect; the
+//! adapter counts it in `adapter::info.bus.reconnects`.
 
 mod foundation_support;
 
 use std::time::{Duration, Instant};
 
 use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Client, Stack, CALL_TIMEOUT, PREFIX};
-use foundation_support::{eventually, workers_named};
+use foundation_support::{eventually, wait_ready, workers_named, Bare};
 use serde_json::{json, Value};
 
 /// How soon after the refusal the adapter must serve again.
@@ -161,4 +162,35 @@ async fn the_adapter_survives_its_name_being_taken_and_takes_it_back() {
         .expect("stop");
     let status = adapter.terminate().expect("the adapter stops on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", adapter.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closed_connection_comes_back_and_is_counted() {
+    let options = AdapterOptions {
+        worker_name: "e2e-reconnect-counted".into(),
+        ..AdapterOptions::default()
+    };
+    let Bare {
+        engine,
+        client,
+        adapter,
+        prefix,
+        dir: _dir,
+    } = Bare::start(json!({}), options).await;
+    let before = info(&client, &adapter).await;
+    assert_eq!(before["bus"]["state"], "connected", "{before}");
+    assert_eq!(before["bus"]["reconnects"], 0, "{before}");
+    drop(client);
+
+    let engine = engine.restart().await.expect("restart the engine");
+    let client = Client::connect(&engine.url()).await.expect("client");
+    wait_ready(&client, &adapter, &prefix).await;
+    let after = eventually(Duration::from_secs(10), || async {
+        let now = info(&client, &adapter).await;
+        (now["bus"]["state"] == "connected" && now["bus"]["reconnects"] == 1).then_some(now)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no reconnect counted\n{}", adapter.log()));
+    assert_eq!(after["bus"]["refusals"], 0, "{after}");
+    assert!(after["bus"].get("code").is_none(), "{after}");
 }
