@@ -191,6 +191,13 @@ fn frame(rng: &mut Rng, message: &Value) -> Vec<u8> {
             }
         }
     }
+    if rng.chance(8) && text.contains("\"data\":{") {
+        // The same key twice inside `data`, where only a strict reader sees it.
+        let key = Value::String(rng.pick(NAMES).to_string());
+        let twice = format!("\"data\":{{{key}:1,{key}:2,");
+        let spliced = text.replacen("\"data\":{", &twice, 1).replace(",}", "}");
+        return spliced.into_bytes();
+    }
     if rng.chance(30) {
         let mut bytes = text.into_bytes();
         let at = rng.below(bytes.len().max(1));
