@@ -20,19 +20,22 @@ use uuid::Uuid;
 
 use crate::json;
 
-/// Why a guest's frame is not a message the guard takes: the message type (or `frame`) and
-/// the rule, for the log; never the payload.
+/// Why a guest's frame is not a message the guard takes: the message type (or `frame`), the
+/// rule, and for a message of the wrong shape serde's words (which name a field, never a
+/// value), for the log; never the payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Malformed {
     pub kind: &'static str,
-    pub rule: String,
+    pub rule: &'static str,
+    pub detail: Option<String>,
 }
 
 impl Malformed {
-    pub fn new(kind: &'static str, rule: impl Into<String>) -> Malformed {
+    pub fn new(kind: &'static str, rule: &'static str) -> Malformed {
         Malformed {
             kind,
-            rule: rule.into(),
+            rule,
+            detail: None,
         }
     }
 }
@@ -83,7 +86,11 @@ pub(crate) fn parse_guest(frame: &[u8]) -> Result<Guest, Malformed> {
         kind: &'static str,
         rest: Value,
     ) -> Result<T, Malformed> {
-        serde_json::from_value(rest).map_err(|e| Malformed::new(kind, shape_rule(&e)))
+        serde_json::from_value(rest).map_err(|e| Malformed {
+            kind,
+            rule: "fields the SDKs send, of their types",
+            detail: Some(shape_detail(&e)),
+        })
     }
     Ok(match kind.as_str() {
         REGISTER_FUNCTION => Guest::RegisterFunction(typed(REGISTER_FUNCTION, rest)?),
@@ -112,12 +119,9 @@ pub(crate) fn parse_guest(frame: &[u8]) -> Result<Guest, Malformed> {
     })
 }
 
-/// serde's error as a rule: which field or type was wrong (its text names fields, never
-/// values, for the shapes here).
-fn shape_rule(error: &serde_json::Error) -> String {
-    let text = error.to_string();
-    let text: String = text.chars().take(160).collect();
-    format!("shape: {text}")
+/// serde's error, bounded: which field or type was wrong.
+fn shape_detail(error: &serde_json::Error) -> String {
+    error.to_string().chars().take(160).collect()
 }
 
 #[derive(Debug, Deserialize)]

@@ -48,7 +48,7 @@ pub(crate) async fn worker<G, E>(
             frame = guest_rx.next() => match data(frame) {
                 Step::Data(message) => {
                     if let Err(malformed) = session.judge_guest(&message, &mut out) {
-                        ctx.log(malformed.kind, &malformed.rule, None);
+                        ctx.log_malformed(&malformed);
                         break "a malformed message from the guest";
                     }
                 }

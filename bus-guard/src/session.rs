@@ -77,20 +77,35 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// Logs one refusal or malformed message within the sandbox's log budget: the sandbox
-    /// id, the message type, the rule and (escaped, bounded) the id it concerned.
+    /// Logs one refusal within the sandbox's log budget: the sandbox id, the message type,
+    /// the rule and (escaped, bounded) the id it concerned.
     pub fn log(&self, kind: &str, rule: &str, id: Option<&str>) {
+        self.log_line(kind, rule, id, None);
+    }
+
+    /// Logs why a guest's connection is closed, within the same budget.
+    pub fn log_malformed(&self, malformed: &Malformed) {
+        self.log_line(
+            malformed.kind,
+            malformed.rule,
+            None,
+            malformed.detail.as_deref(),
+        );
+    }
+
+    fn log_line(&self, kind: &str, rule: &str, id: Option<&str>, detail: Option<&str>) {
+        let key = format!("{kind}: {rule}");
         let verdict = match self.shared.log.lock() {
-            Ok(mut log) => log.note(rule, Instant::now()),
+            Ok(mut log) => log.note(&key, Instant::now()),
             Err(_) => LogLine::Quiet,
         };
         let id: Option<String> = id.map(|id| id.chars().take(MAX_ID_LEN).collect());
         match verdict {
             LogLine::Line => {
-                tracing::warn!(sandbox_id = %self.sandbox, message = kind, rule, id = ?id, "bus guard refused a guest's message");
+                tracing::warn!(sandbox_id = %self.sandbox, message_type = kind, rule, id = ?id, detail = ?detail, "bus guard refused a guest's message");
             }
             LogLine::Summary(count) => {
-                tracing::warn!(sandbox_id = %self.sandbox, rule, count, "bus guard: refusals of this rule not logged one by one since the last summary");
+                tracing::warn!(sandbox_id = %self.sandbox, message_type = kind, rule, count, "bus guard: refusals of this rule not logged one by one since the last summary");
             }
             LogLine::Quiet => {}
         }

@@ -470,7 +470,7 @@ fn the_refusal_log_is_shared_by_a_sandboxs_connections() {
         .log
         .lock()
         .unwrap()
-        .note("reserved:sandbox::", Instant::now());
+        .note("invokefunction: reserved:sandbox::", Instant::now());
     assert_eq!(verdict, LogLine::Quiet);
 }
 
