@@ -826,9 +826,17 @@ fn bad_name(what: &str, bad: BadText) -> Refusal {
     )
 }
 
-/// `text` cleaned as `kind`, or its refusal.
+/// `text` cleaned as `kind`, or its refusal. An id must already be in NFC: the guest's SDK
+/// knows its functions and triggers by the id it sent, so the guard cannot change it.
 fn name(text: &str, kind: Kind, what: &str) -> Result<String, Refusal> {
-    clean(text, kind).map_err(|bad| bad_name(what, bad))
+    let cleaned = clean(text, kind).map_err(|bad| bad_name(what, bad))?;
+    if kind == Kind::Id && cleaned != text {
+        return Err(Refusal::rule_of(
+            "not NFC",
+            format!("a {what} is text in Unicode normal form C"),
+        ));
+    }
+    Ok(cleaned)
 }
 
 /// A description that may be empty (a trigger type's).

@@ -138,7 +138,7 @@ fn allowed_registrations_go_on_and_are_counted() {
 fn what_goes_on_is_the_guards_own_serialisation() {
     let mut s = session(&["math::*"], &["*"]);
     // Escapes, spacing, key order and a decomposed accent: the engine gets the guard's text.
-    let frame = "{ \"id\" : \"guest::caf\\u0065\u{301}\", \"type\":\"registerfunction\",\n \"description\":\"d\", \"observe\":{\"allow\":true} }";
+    let frame = "{ \"id\" : \"guest::\\u0063af\u{e9}\", \"type\":\"registerfunction\",\n \"description\":\"cafe\u{301}\", \"observe\":{\"allow\":true} }";
     let mut out = Vec::new();
     s.judge_guest(&Message::text(frame), &mut out).unwrap();
     let Out::Engine(sent) = &out[0] else {
@@ -146,7 +146,7 @@ fn what_goes_on_is_the_guards_own_serialisation() {
     };
     assert_eq!(
         sent.to_text().unwrap(),
-        r#"{"type":"registerfunction","id":"guest::café","description":"d"}"#
+        r#"{"type":"registerfunction","id":"guest::café","description":"café"}"#
     );
     let out = guest(
         &mut s,
@@ -179,7 +179,14 @@ fn a_refused_registration_is_answered_as_the_engine_refuses_a_taken_id() {
             .unwrap()
             .contains("refused by the sandbox bus guard"));
     }
-    for invisible in ["guest::a\u{202e}b", "guest::\u{200b}x", "guest::a b", ""] {
+    // An id not in NFC: the guard cannot re-write it, the guest's SDK knows it as sent.
+    for invisible in [
+        "guest::a\u{202e}b",
+        "guest::\u{200b}x",
+        "guest::a b",
+        "",
+        "guest::cafe\u{301}",
+    ] {
         let answer = to_guest(&guest(
             &mut s,
             json!({"type":"registerfunction","id":invisible}),
