@@ -196,7 +196,7 @@ impl Budget {
         let pids = u64::from(pids).max(1);
         let mut originals = nix::unistd::geteuid()
             .is_root()
-            .then(Originals::lock)
+            .then(|| Originals::lock(std::path::Path::new(ORIGINALS)))
             .and_then(|locked| match locked {
                 Ok(originals) => Some(originals),
                 Err(e) => {
@@ -432,13 +432,13 @@ struct Originals {
 }
 
 impl Originals {
-    fn lock() -> io::Result<Originals> {
+    fn lock(path: &std::path::Path) -> io::Result<Originals> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(ORIGINALS)?;
+            .open(path)?;
         let mut file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| io::Error::from(e))?;
         let mut text = String::new();
@@ -566,6 +566,22 @@ mod tests {
         assert_eq!(info["inotify_instances"], 24);
         assert_eq!(info["host"]["inotify_instances"]["kept_from_sandboxes"], 32);
         assert!(info["refused"].is_null(), "{info}");
+    }
+
+    #[test]
+    fn the_first_value_recorded_is_the_original_for_every_later_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits");
+        let mut first = Originals::lock(&path).unwrap();
+        assert_eq!(first.original("file-max", 2_466_239), 2_466_239);
+        first.save().unwrap();
+        // Raised since: a later start still divides what is above the first value.
+        let mut later = Originals::lock(&path).unwrap();
+        assert_eq!(later.original("file-max", 136_683_967), 2_466_239);
+        assert_eq!(later.original("max_inotify_instances", 128), 128);
+        later.save().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "file-max 2466239\nmax_inotify_instances 128\n");
     }
 
     #[test]
