@@ -49,8 +49,10 @@ pub const MAX_ID_LEN: usize = crate::name::MAX_NAME_CHARS;
 pub const MAX_REGISTRATION_BYTES: usize = 64 << 10;
 /// Bytes of all registrations of one connection together.
 pub const MAX_CONNECTION_REGISTRATION_BYTES: usize = 1 << 20;
-/// Triggers one connection may bind, and trigger types it may provide (worker mode).
+/// Triggers one connection may bind (worker mode): each is engine state for the
+/// connection's life, as a function is.
 pub const MAX_TRIGGERS: usize = 256;
+/// Trigger types one connection may provide (worker mode).
 pub const MAX_TRIGGER_TYPES: usize = 32;
 /// The largest `buffer_size` of a channel a guest creates.
 pub const MAX_CHANNEL_BUFFER: u32 = 1024;
