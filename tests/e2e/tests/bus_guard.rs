@@ -325,7 +325,9 @@ async fn code_runners_flow(stack: &Stack, phase: &Phase) {
     let refusal = log
         .lines()
         .find(|l| {
-            l.contains("bus guard refused a registration") && l.contains("sandbox-libkrun::create")
+            l.contains("bus guard refused")
+                && l.contains("registerfunction")
+                && l.contains("sandbox-libkrun::create")
         })
         .unwrap_or_else(|| panic!("no refusal logged: {log}"));
     assert!(refusal.contains(&id), "{refusal}");
