@@ -440,7 +440,13 @@ async fn a_guest_cannot_make_the_engine_send_its_secrets() {
     }
     let secret = uuid_like();
     let variable = format!("BUS_ATTACK_TOKEN_{}", &uuid_like()[..12]);
-    let mut stack = stack_with(json!({}), &[(&variable, &secret)]).await;
+    // The lists allow the hooks' ids: only what the guard makes of `invocation` may stop
+    // the attack.
+    let mut stack = stack_with(
+        json!({"sandbox_bus_register": ["guest::*"], "sandbox_bus_call": ["guest::*"]}),
+        &[(&variable, &secret)],
+    )
+    .await;
     let bait = Bait::start().await;
     let other = create(&stack, "python", json!({})).await;
     let id = attacker_sandbox(&stack).await;
