@@ -307,6 +307,14 @@ fn become_pasta(socket: OwnedFd) -> String {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return format!("cannot tie pasta to the sandbox: {e}");
     }
+    // pasta parses every frame the sandbox sends, in the host's network namespace: it runs
+    // from its first instruction with no_new_privs and under the allowlist of what it calls
+    // (seccomp-policy's pasta.rs), its own tighter filter stacked on once it is set up.
+    let confined = seccomp_policy::pasta::pasta_program()
+        .and_then(|program| seccomp_policy::pasta::install_pasta(&program));
+    if let Err(e) = confined {
+        return format!("cannot confine pasta: {e}");
+    }
     let error = Command::new(program).args(argv).env_clear().exec();
     format!("cannot start {program}: {error}")
 }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+pub mod pasta;
 pub mod vmm;
 
 use seccompiler::{
@@ -20,6 +21,8 @@ pub enum Error {
     Filter(#[from] seccompiler::Error),
     #[error("seccomp filter: {0}")]
     Rule(#[from] seccompiler::BackendError),
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
 }
 
 /// Kernel interfaces a container has no use for: module and kexec loading, bpf, perf,
