@@ -11,9 +11,11 @@
 //! While the engine keeps refusing our name (another live worker holds it), a *standby*
 //! connection, announced under a name of its own (`<name>-standby-<random>`, so nobody can
 //! hold it in advance), serves our functions in the same namespace: callers address
-//! functions, not workers. Once a try under our own name is accepted, the standby withdraws
-//! its functions, waits until the engine has handled that, and closes; the functions are then
-//! registered under our name again.
+//! functions, not workers. Our name is tried again only once the standby no longer sees the
+//! holder in `engine::workers::list` (or cannot tell), so a lasting conflict costs one list
+//! call per try, not a refused connection. Once a try under our own name is accepted, the
+//! standby withdraws its functions, waits until the engine has handled that, and closes; the
+//! functions are then registered under our name again.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -480,12 +482,9 @@ async fn recover(
     // The error just logged stands for this minute's warning.
     warn.allow(Instant::now());
     let mut failed = TryFailed::Refused(first);
+    record(&services.status, &failed);
     let mut tries: u64 = 0;
     loop {
-        match &failed {
-            TryFailed::Refused(refusal) => services.status.refused(refusal),
-            TryFailed::Unreachable(reason) => services.status.unreachable(reason),
-        }
         if let Some(current) = standby.take() {
             match current.client.fatal_error() {
                 Some(fatal) => {
@@ -513,7 +512,7 @@ async fn recover(
                         tries,
                         standby = standby.as_ref().map_or("none", |s| s.name.as_str()),
                         next_try_in = ?delay,
-                        "the engine still refuses our worker name: another live worker holds it"
+                        "our worker name is still held by another live worker; the standby serves meanwhile"
                     );
                 } else {
                     tracing::debug!(reason = %refusal.message, next_try_in = ?delay, "name still refused");
@@ -531,6 +530,10 @@ async fn recover(
         }
         tokio::time::sleep(delay).await;
         tries += 1;
+        if let Some(holder) = still_held(&failed, standby.as_ref()).await {
+            tracing::debug!(%holder, "the worker holding our name is still connected; not trying yet");
+            continue;
+        }
         match try_our_name(connector).await {
             Ok(client) => {
                 if let Some(standby) = standby.take() {
@@ -546,9 +549,41 @@ async fn recover(
                 );
                 return client;
             }
-            Err(next) => failed = next,
+            Err(next) => {
+                record(&services.status, &next);
+                failed = next;
+            }
         }
     }
+}
+
+fn record(status: &BusStatus, failed: &TryFailed) {
+    match failed {
+        TryFailed::Refused(refusal) => status.refused(refusal),
+        TryFailed::Unreachable(reason) => status.unreachable(reason),
+    }
+}
+
+/// The worker that holds our name, when the standby still sees it connected: trying our name
+/// then would only be refused again (a connection and an SDK error line for nothing). `None`
+/// (try) without a standby, without a holder, or when the list cannot be read.
+async fn still_held(failed: &TryFailed, standby: Option<&Standby>) -> Option<String> {
+    let TryFailed::Refused(refusal) = failed else {
+        return None;
+    };
+    let holder = refusal
+        .owner
+        .as_deref()
+        .filter(|_| refusal.is_name_conflict())?;
+    let list = round_trip(&standby?.client).await.ok()?;
+    lists_worker(&list, holder).then(|| holder.to_string())
+}
+
+/// Whether an `engine::workers::list` answer has a worker with id `id`.
+fn lists_worker(list: &Value, id: &str) -> bool {
+    list["workers"]
+        .as_array()
+        .is_some_and(|workers| workers.iter().any(|worker| worker["id"] == id))
 }
 
 #[cfg(test)]
@@ -684,6 +719,19 @@ mod tests {
             info["message"],
             "cannot register with the engine: invocation timed out"
         );
+    }
+
+    #[test]
+    fn the_holder_counts_as_connected_only_when_the_list_names_its_id() {
+        let list = json!({"workers": [
+            {"id": "w-1", "name": "sandbox-libkrun"},
+            {"id": "w-2", "name": "other"},
+        ]});
+        assert!(lists_worker(&list, "w-1"));
+        assert!(!lists_worker(&list, "w-3"));
+        // An answer of another shape proves nothing: try the name.
+        assert!(!lists_worker(&json!({"items": [{"id": "w-1"}]}), "w-1"));
+        assert!(!lists_worker(&json!([{"id": "w-1"}]), "w-1"));
     }
 
     #[test]
