@@ -52,6 +52,8 @@ const RTNLGRP_IPV6_IFADDR: u32 = 9;
 const RECEIVE_BUFFER: usize = 64 * 1024;
 /// How long after a failed `nft` run the sets are written again.
 const RETRY: Duration = Duration::from_secs(1);
+/// Dumps refused in a row before the socket counts as failed for good.
+const MAX_REFUSED_DUMPS: u32 = 8;
 
 /// A socket of the host's network namespace, subscribed to its address changes. Open it while
 /// still in the host's namespace.
@@ -98,6 +100,8 @@ pub(crate) struct Addresses {
     dumping: bool,
     /// Notifications were lost while a dump was under way: dump again once it ends.
     lost: bool,
+    /// Dumps the kernel refused in a row.
+    refused: u32,
 }
 
 /// What [`Addresses::read`] asks of its caller next.
@@ -161,6 +165,7 @@ impl Addresses {
                 }
                 NetlinkPayload::Done(_) => {
                     self.dumping = false;
+                    self.refused = 0;
                     if std::mem::take(&mut self.lost) {
                         next = Next::Dump;
                     }
@@ -169,6 +174,7 @@ impl Addresses {
                 NetlinkPayload::Error(error) if error.code.is_some() => {
                     // The dump was refused: ask again rather than keep a partial list.
                     self.dumping = false;
+                    self.refused += 1;
                     next = Next::Dump;
                 }
                 _ => {}
@@ -210,6 +216,9 @@ pub async fn follow(watch: HostWatch, nft: String, log: impl Fn(&str)) {
     let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
     loop {
         if std::mem::take(&mut dump) {
+            if addresses.refused >= MAX_REFUSED_DUMPS {
+                return give_up(&nft, &log, "the kernel refuses to list them").await;
+            }
             if let Err(e) = watch.get_ref().request_dump() {
                 return give_up(&nft, &log, &format!("cannot list them: {e}")).await;
             }
@@ -385,6 +394,18 @@ mod tests {
         assert_eq!(addresses.current(), ips(&["192.0.2.2"]));
         // Bytes that are no netlink message count as lost notifications.
         assert_eq!(addresses.read(&[1, 2, 3]), Next::Dump);
+        // A refused dump is asked again, and counted until one ends.
+        addresses.dump_started();
+        let mut refusal = netlink_packet_core::ErrorMessage::default();
+        refusal.code = std::num::NonZeroI32::new(-libc::EBUSY);
+        assert_eq!(
+            addresses.read(&encode(NetlinkPayload::Error(refusal))),
+            Next::Dump
+        );
+        assert_eq!(addresses.refused, 1);
+        addresses.dump_started();
+        addresses.read(&done());
+        assert_eq!(addresses.refused, 0);
     }
 
     /// The kernel's own messages: the socket hears addresses added to an interface of a
