@@ -1,4 +1,5 @@
-//! What a plugin declares about itself: its adapter name and the functions it serves.
+//! What a plugin declares about itself: its adapter name, the functions it serves, and the
+//! functions it serves a second time under iii's sandbox family (`sandbox::provider::<name>::*`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -32,6 +33,79 @@ pub struct Manifest {
     pub adapter_version: String,
     pub contract: ContractVersion,
     pub functions: Vec<FunctionSpec>,
+    /// The family surface: the shell registers each as `sandbox::provider::<name>::<id>`
+    /// (see [`family_function_id`]) and calls the plugin with [`family_call`] of its id.
+    /// Absent from a manifest written before the family existed: such a plugin has none.
+    #[serde(default)]
+    pub family: Vec<FunctionSpec>,
+}
+
+/// Where iii's `sandbox` router sends calls for the provider `<name>`: every id under
+/// `sandbox::provider::<name>::`. The router owns the bare `sandbox::<leaf>` ids; an adapter
+/// never registers one.
+pub const FAMILY_PREFIX: &str = "sandbox::provider";
+
+/// The environment variable naming this adapter among the family's providers.
+pub const FAMILY_NAME_ENV: &str = "SANDBOX_LIBKRUN_FAMILY_NAME";
+
+/// The provider name used when [`FAMILY_NAME_ENV`] is unset.
+pub const DEFAULT_FAMILY_NAME: &str = "libkrun";
+
+/// The name a plugin is called with for the family function `id` (`family::create`): apart
+/// from its own functions, so a family `create` and the plugin's `create` never meet.
+pub fn family_call(id: &str) -> String {
+    format!("family::{id}")
+}
+
+/// The bus id of family function `id` for provider `name`.
+pub fn family_function_id(name: &str, id: &str) -> String {
+    format!("{FAMILY_PREFIX}::{name}::{id}")
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "{FAMILY_NAME_ENV}={0:?} is not a provider name: 1 to 32 of a-z 0-9 _ -, starting with a \
+     letter or digit (or empty, to serve no family functions)"
+)]
+pub struct BadFamilyName(pub String);
+
+/// The provider name from the value of [`FAMILY_NAME_ENV`]: unset is [`DEFAULT_FAMILY_NAME`],
+/// empty turns the family surface off (`None`), anything else must match
+/// `[a-z0-9][a-z0-9_-]{0,31}`: one word of a function id, which the router builds from the
+/// caller's `provider` field.
+pub fn family_name(value: Option<&str>) -> Result<Option<String>, BadFamilyName> {
+    let Some(value) = value else {
+        return Ok(Some(DEFAULT_FAMILY_NAME.to_string()));
+    };
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let fits = value.len() <= 32
+        && value
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if fits {
+        Ok(Some(value.to_string()))
+    } else {
+        Err(BadFamilyName(value.to_string()))
+    }
+}
+
+/// [`family_name`] of this process's environment. The shell (which registers the ids) and
+/// the plugin (whose `adapter::info` shows the name) run in one process and read the one
+/// variable through this one function, so they cannot disagree.
+pub fn family_name_from_env() -> Result<Option<String>, BadFamilyName> {
+    match std::env::var(FAMILY_NAME_ENV) {
+        Ok(value) => family_name(Some(&value)),
+        Err(std::env::VarError::NotPresent) => family_name(None),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            Err(BadFamilyName(value.to_string_lossy().into_owned()))
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -42,6 +116,8 @@ pub enum ManifestError {
     BadFunctionId(String),
     #[error("function id {0:?} is declared twice")]
     DuplicateFunction(String),
+    #[error("family function {0:?} is token-guarded; the family surface carries no token")]
+    GuardedFamilyFunction(String),
 }
 
 impl Manifest {
@@ -50,14 +126,19 @@ impl Manifest {
         if self.adapter.trim().is_empty() {
             return Err(ManifestError::EmptyAdapter);
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for function in &self.functions {
-            if !is_valid_function_id(&function.id) {
-                return Err(ManifestError::BadFunctionId(function.id.clone()));
+        for list in [&self.functions, &self.family] {
+            let mut seen = std::collections::BTreeSet::new();
+            for function in list {
+                if !is_valid_function_id(&function.id) {
+                    return Err(ManifestError::BadFunctionId(function.id.clone()));
+                }
+                if !seen.insert(function.id.as_str()) {
+                    return Err(ManifestError::DuplicateFunction(function.id.clone()));
+                }
             }
-            if !seen.insert(function.id.as_str()) {
-                return Err(ManifestError::DuplicateFunction(function.id.clone()));
-            }
+        }
+        if let Some(guarded) = self.family.iter().find(|f| f.token_guarded) {
+            return Err(ManifestError::GuardedFamilyFunction(guarded.id.clone()));
         }
         Ok(())
     }
@@ -81,21 +162,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn spec(id: &str) -> FunctionSpec {
+        FunctionSpec {
+            id: id.to_string(),
+            description: String::new(),
+            request_schema: json!({}),
+            response_schema: json!({}),
+            token_guarded: false,
+        }
+    }
+
     fn manifest(ids: &[&str]) -> Manifest {
         Manifest {
             adapter: "a".into(),
             adapter_version: "0".into(),
             contract: ContractVersion { major: 1, minor: 1 },
-            functions: ids
-                .iter()
-                .map(|id| FunctionSpec {
-                    id: id.to_string(),
-                    description: String::new(),
-                    request_schema: json!({}),
-                    response_schema: json!({}),
-                    token_guarded: false,
-                })
-                .collect(),
+            functions: ids.iter().map(|id| spec(id)).collect(),
+            family: Vec::new(),
         }
     }
 
@@ -121,5 +204,67 @@ mod tests {
             manifest(&["exec", "exec"]).validate(),
             Err(ManifestError::DuplicateFunction(_))
         ));
+    }
+
+    #[test]
+    fn the_family_list_is_checked_on_its_own() {
+        let mut both = manifest(&["create", "exec"]);
+        both.family = vec![spec("create"), spec("fs::read")];
+        assert_eq!(both.validate(), Ok(()), "the same id in both lists is fine");
+        both.family.push(spec("create"));
+        assert_eq!(
+            both.validate(),
+            Err(ManifestError::DuplicateFunction("create".into()))
+        );
+        let mut guarded = manifest(&["exec"]);
+        guarded.family = vec![FunctionSpec {
+            token_guarded: true,
+            ..spec("worker::start")
+        }];
+        assert!(matches!(
+            guarded.validate(),
+            Err(ManifestError::GuardedFamilyFunction(_))
+        ));
+    }
+
+    #[test]
+    fn a_manifest_without_a_family_list_reads_as_none() {
+        let text = r#"{"adapter":"a","adapter_version":"0","contract":{"major":1,"minor":1},"functions":[]}"#;
+        let read: Manifest = serde_json::from_str(text).unwrap();
+        assert!(read.family.is_empty());
+    }
+
+    #[test]
+    fn family_names_unset_default_empty_off_else_one_id_word() {
+        assert_eq!(family_name(None), Ok(Some("libkrun".into())));
+        assert_eq!(family_name(Some("")), Ok(None));
+        for good in ["local", "libkrun", "a", "0", "my_vm-2", &"x".repeat(32)] {
+            assert_eq!(
+                family_name(Some(good)),
+                Ok(Some(good.to_string())),
+                "{good}"
+            );
+        }
+        for bad in [
+            "Local",
+            "-a",
+            "_a",
+            "a b",
+            "a::b",
+            "a.b",
+            "é",
+            &"x".repeat(33),
+        ] {
+            assert_eq!(
+                family_name(Some(bad)),
+                Err(BadFamilyName(bad.to_string())),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            family_function_id("local", "fs::read"),
+            "sandbox::provider::local::fs::read"
+        );
+        assert_eq!(family_call("fs::read"), "family::fs::read");
     }
 }

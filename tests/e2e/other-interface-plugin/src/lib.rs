@@ -11,6 +11,7 @@ fn manifest() -> Manifest {
         adapter_version: "0".into(),
         contract: ContractVersion { major: 1, minor: 1 },
         functions: Vec::new(),
+        family: Vec::new(),
     }
 }
 
