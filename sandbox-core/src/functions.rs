@@ -1,5 +1,6 @@
 //! The table of functions a sandbox plugin serves: id suffix, description, JSON Schemas, and
-//! whether the worker token guards it. The shell registers exactly this table.
+//! whether the worker token guards it. The shell registers exactly this table, and the family
+//! table derived from it (`family::specs`) under `sandbox::provider::<name>::`.
 
 use plugin_api::{ContractVersion, FunctionSpec, Manifest};
 use serde_json::{json, Value};
@@ -134,6 +135,7 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
         adapter: adapter.to_string(),
         adapter_version: adapter_version.to_string(),
         contract: CONTRACT,
+        family: crate::family::specs(&functions),
         functions,
     }
 }

@@ -22,6 +22,7 @@
 //! | warm pool (`warm_pool`) | `warm_pool.rs` |
 //! | 6, worker VMs (`worker::*`) | [`ops::worker`] |
 //! | 3 and 8, sandboxes on the bus (`sandbox_bus_*`) | [`bus`] |
+//! | 2, iii's sandbox family (`sandbox::provider::<name>::*`) | [`family`] |
 
 #![forbid(unsafe_code)]
 
@@ -29,6 +30,7 @@ pub mod backend;
 pub mod bus;
 pub mod config;
 pub mod error;
+pub mod family;
 pub mod functions;
 mod images;
 mod layer;

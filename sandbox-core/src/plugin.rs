@@ -41,6 +41,9 @@ pub struct SandboxPlugin<B: Backend> {
     pub(crate) buses: crate::bus::Buses,
     /// Snapshots of sandboxes' files (`snapshot::*`, `fork`).
     pub(crate) snapshots: crate::snapshots::Snapshots,
+    /// What a family `create` announces: the optional leaves of the family table the shell
+    /// registers (see `family`).
+    pub(crate) family_capabilities: Vec<&'static str>,
 }
 
 /// Closes the state directory's `sandboxes/`, `workers/` and `snapshots/` to every other host
@@ -116,6 +119,9 @@ impl<B: Backend> SandboxPlugin<B> {
             host,
             buses,
             snapshots,
+            family_capabilities: crate::family::capabilities(
+                &crate::functions::manifest(adapter, adapter_version).family,
+            ),
         });
         reaper::spawn(Arc::downgrade(&plugin));
         warm_pool::spawn(&plugin);
@@ -128,6 +134,18 @@ impl<B: Backend> SandboxPlugin<B> {
     }
 
     async fn dispatch(
+        self: Arc<Self>,
+        function: String,
+        payload: Value,
+    ) -> Result<Value, SandboxError> {
+        match function.strip_prefix("family::") {
+            Some(leaf) => crate::family::call(&self, leaf, payload).await,
+            None => self.ours(function, payload).await,
+        }
+    }
+
+    /// Our own function `function` (an id suffix of the function table).
+    pub(crate) async fn ours(
         self: Arc<Self>,
         function: String,
         payload: Value,

@@ -48,6 +48,13 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
         // The shell's connection to the engine (null under a shell that reports none): how
         // an operator tells a lost or contested bus name from a healthy one.
         "bus": plugin.host.bus_state(),
+        // iii's sandbox family: the provider name the router reaches this adapter by (null
+        // when the family surface is off) and what its `create` announces.
+        "family": plugin_api::manifest::family_name_from_env().ok().flatten().map(|name| json!({
+            "name": name,
+            "prefix": plugin_api::manifest::family_function_id(&name, "").trim_end_matches(':'),
+            "capabilities": plugin.family_capabilities,
+        })),
     })
 }
 

@@ -3,7 +3,7 @@
 //! group of verbs. Payload-shape errors are S001; filesystem verdicts (S21x) come from the
 //! agent, except relative paths, refused here as S210 before any round trip.
 
-mod channel;
+pub(crate) mod channel;
 mod entries;
 mod file;
 mod mode;
