@@ -260,11 +260,12 @@ impl Budget {
         memory_bounded: bool,
         pids_bounded: bool,
     ) -> Budget {
-        let mut refusal = None;
+        // Every limit that leaves a sandbox nothing, so that one fix is not followed by another.
+        let mut refusals = Vec::new();
         for (name, share) in COUNTERS.iter().zip(counters) {
             let Some(share) = share else { continue };
             if share.each == 0 {
-                refusal = Some(format!(
+                refusals.push(format!(
                     "the host's per-user {name} ({}) leaves none for each of \
                      max_concurrent_sandboxes ({cap}) sandboxes once {} are kept for the \
                      adapter's user's own programs: lower max_concurrent_sandboxes, or raise \
@@ -275,7 +276,7 @@ impl Budget {
         }
         let (soft, hard, cut) = open_files_within(files.each, pids);
         if cut < pids.min(MIN_PIDS) {
-            refusal = Some(format!(
+            refusals.push(format!(
                 "fs.file-max ({}) leaves {} open files for each of max_concurrent_sandboxes \
                  ({cap}) sandboxes once {} are kept for the host: {cut} processes of \
                  {MIN_OPEN_FILES} files each, under the {MIN_PIDS} a sandbox needs; lower \
@@ -291,7 +292,7 @@ impl Budget {
             pids: cut,
             memory_bounded,
             pids_bounded,
-            refusal,
+            refusal: (!refusals.is_empty()).then(|| refusals.join("; ")),
         }
     }
 
@@ -516,9 +517,10 @@ mod tests {
         let none = Share::kept(128, USER_RESERVE_SHARES, 200);
         assert_eq!(none.each, 0);
         let files = Share::kept(2_466_239, HOST_FILE_RESERVE_SHARES, 200);
-        let b = budget(200, 64, [Some(none), None, None, None], files);
+        let b = budget(200, 64, [Some(none), None, Some(none), None], files);
         let why = b.refusal().expect("refused");
         assert!(why.contains("max_inotify_instances (128)"), "{why}");
+        assert!(why.contains("max_fanotify_groups (128)"), "{why}");
     }
 
     #[test]

@@ -385,3 +385,53 @@ async fn a_guests_xattr_the_store_cannot_hold_is_s310_naming_the_file() {
         .unwrap_or_else(|e| panic!("snapshot without the xattr: {e:?}"));
     stop(&stack, &id, true).await;
 }
+
+/// An ordinary user's adapter whose `max_concurrent_sandboxes` is more than its user's
+/// inotify instances can be shared among (a quarter kept for the user's own programs) starts
+/// no sandbox: S300 naming the limit, at every create (a root adapter raises the host's limit
+/// instead, so this runs as the ordinary user only).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cap_the_users_limits_cannot_share_refuses_every_create() {
+    let test = "a_cap_the_users_limits_cannot_share_refuses_every_create";
+    if !bwrap_usable(test) {
+        return;
+    }
+    if adapter_user().is_none() {
+        println!("*** {test} DID NOT RUN: a root adapter raises the host's limits instead ***");
+        return;
+    }
+    let instances: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .expect("max_user_instances")
+        .trim()
+        .parse()
+        .unwrap();
+    let stack = Stack::start(
+        json!({"max_concurrent_sandboxes": instances}),
+        Default::default(),
+    )
+    .await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let ceilings = &info["backend"]["isolation"]["ceilings"];
+    assert_eq!(ceilings["inotify_instances"], 0, "{ceilings}");
+    let refused = ceilings["refused"].as_str().unwrap_or_default().to_string();
+    assert!(
+        refused.contains(&format!("max_inotify_instances ({instances})")),
+        "{ceilings}"
+    );
+    for _ in 0..2 {
+        let (code, body) = expect_err(
+            stack.call("create", json!({"image": "python"})).await,
+            "a create past the user's inotify instances",
+        );
+        assert_eq!(code, "S300", "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("max_inotify_instances"),
+            "{body}"
+        );
+    }
+    let list = stack.call("list", json!({})).await.expect("list");
+    assert_eq!(list["in_flight"], 0, "{list}");
+}
