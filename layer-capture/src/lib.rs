@@ -13,6 +13,11 @@
 //! a file is checked to still be the one listed once open, and the copy stops at the byte
 //! budget it was given, counted while it writes.
 //!
+//! What the guest may write but the store's filesystem cannot hold (a 60 KB `user.*` xattr
+//! tmpfs takes and ext4 refuses, a file past the store's largest) stops the copy as
+//! [`CaptureError::Unstorable`], naming the file (escaped: it is the guest's text) and the
+//! store's limit, told apart from a fault of the store; the plugins answer it S310.
+//!
 //! Unsafe code: descriptors taken over from `nix`'s raw-fd calls, and the xattr calls `nix`
 //! does not wrap.
 

@@ -9,7 +9,8 @@
 //! wrote, from a user namespace of the same map (see `userns::remove_tree_as_sandbox`), or
 //! `sandbox-bwrap-launch --capture-layer PID UPPER INTO LIMIT --id-map MAP` to copy the
 //! writable layer of the sandbox held by launcher PID into a snapshot's layer (see
-//! the `layer-capture` crate; prints the bytes counted, exits 3 past LIMIT).
+//! the `layer-capture` crate; prints the bytes counted, exits 3 past LIMIT, 4 for a file
+//! the snapshot store cannot hold).
 //!
 //! stdout is the agent's channel from the start, so nothing is ever written there. stderr is a
 //! pipe into the sandbox's log, which the adapter keeps within a bound (what it shows in a
