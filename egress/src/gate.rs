@@ -14,8 +14,10 @@
 //! holds none over the gate: it can neither enter it nor change its rules. Every packet the
 //! sandbox sends, from any socket including a packet socket's hand-built frames, arrives at the
 //! gate as forwarded traffic and is judged there; loopback destinations are martians the gate's
-//! kernel drops, the host's own addresses (pasta copies them onto the gate's side) are the
-//! gate's and refused by its input chain. Only then does pasta see a frame.
+//! kernel drops, the host's own address that pasta copied onto the gate's side is the gate's
+//! and refused by its input chain, and every address the host has, as it has them while the
+//! sandbox runs (`host_watch.rs`), is refused by the forward chain. Only then does pasta see a
+//! frame.
 //!
 //! The resolver proxy listens on the gate's addresses and fills the gate's sets; the bus (a
 //! worker VM's engine on the host's loopback, a sandbox's bus guard) is forwarded by a process

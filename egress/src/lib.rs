@@ -2,7 +2,8 @@
 //! rules ([`policy`], read by sandbox-core), what a sandbox's starter needs to give it a
 //! network namespace of its own ([`network`]: the nftables ruleset, pasta's arguments, the
 //! resolver proxy's set-up, computed by the adapter), and the starter's side ([`netns`]: the
-//! namespace made, the policy loaded, pasta attached; [`dns`]: the resolver proxy).
+//! namespace made, the policy loaded, pasta attached; [`dns`]: the resolver proxy;
+//! [`host_watch`]: the host's addresses, followed into the rules while a sandbox runs).
 //!
 //! Its own crate so that both starters use one implementation: the bwrap launcher
 //! (`sandbox-bwrap-launch`) and the libkrun VM runner (`sandbox-libkrun-vm`, which links

@@ -376,8 +376,8 @@ pub fn host_sets_script(host_addrs: Option<&[IpAddr]>) -> String {
 }
 
 /// The policy's verdicts on a new connection's first packet, in order: DNS that escaped the
-/// redirect refused, the bus allowed, the denied ranges and names refused, then the allow
-/// list (with its names) or everything else.
+/// redirect refused, the bus allowed, the host's addresses (its sets), the denied ranges and
+/// names refused, then the allow list (with its names) or everything else.
 fn judgments(rules: &mut String, egress: &Egress) {
     // Not redirected (cannot happen while the dns chain stands): refused all the same.
     rules.push_str(
