@@ -34,7 +34,11 @@ pub enum PluginChoice {
 #[command(
     name = "sandbox-libkrun",
     version,
-    about = "iii adapter worker running code sandboxes as libkrun microVMs"
+    about = "iii adapter worker running code sandboxes as libkrun microVMs",
+    after_help = "Environment: SANDBOX_LIBKRUN_FAMILY_NAME names this adapter among the \
+                  providers of iii's `sandbox` router (default `libkrun`; `local` makes it the \
+                  router's default provider; empty serves no sandbox::provider::<name>::* \
+                  function); see docs/family.md."
 )]
 pub struct Args {
     /// Plugin to serve: a bare name (`libkrun`, `bwrap`: no `/`, no `.`) selects one embedded

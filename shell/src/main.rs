@@ -2,8 +2,10 @@
 //!
 //! It loads one plugin (a `cdylib` speaking `plugin-api`), connects to the engine with the
 //! official `iii-sdk`, reads the configuration once, and registers every function of the
-//! plugin's manifest as `<prefix>::<suffix>`. It knows nothing about sandboxes: the only
-//! policy it applies itself is the worker-token guard, before the plugin sees a call. A release
+//! plugin's manifest as `<prefix>::<suffix>`, and its family functions as
+//! `sandbox::provider::<name>::<suffix>` (`$SANDBOX_LIBKRUN_FAMILY_NAME`, see `serve`). It
+//! knows nothing about sandboxes: the only policy it applies itself is the worker-token guard,
+//! before the plugin sees a call. A release
 //! build carries the default plugins and their helper programs as opaque embedded files
 //! (`bundle`), written on first use to `~/.iii/lib/sandbox-libkrun/<version>-<hash>/` and
 //! checked on every start.

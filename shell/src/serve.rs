@@ -1,10 +1,12 @@
-//! Registering the plugin's functions on the bus and serving their calls.
+//! Registering the plugin's functions on the bus (its own under its prefix, its family
+//! functions under `sandbox::provider::<name>::`) and serving their calls.
 
 use std::sync::Arc;
 
 use iii_sdk::runtime::FunctionRef;
 use iii_sdk::{Error as SdkError, IIIClient, RegisterFunction};
 use plugin_api::host::PluginInstance;
+use plugin_api::manifest::{family_call, family_function_id};
 use plugin_api::{ErrorBody, FunctionSpec};
 use serde_json::Value;
 use tracing::Instrument;
@@ -16,6 +18,15 @@ pub struct Dispatcher {
     pub plugin: PluginInstance,
     pub token: WorkerToken,
     pub trace_payloads: bool,
+    /// iii's sandbox family surface, when it is on.
+    pub family: Option<Family>,
+}
+
+/// The plugin's family functions and the provider name they are registered under
+/// (`sandbox::provider::<name>::<id>`, see `plugin_api::manifest`).
+pub struct Family {
+    pub name: String,
+    pub functions: Vec<FunctionSpec>,
 }
 
 /// The function every plugin serves; registered last, so a caller (or a test) that finds it
@@ -23,35 +34,69 @@ pub struct Dispatcher {
 /// connection.
 const READINESS_FUNCTION: &str = "adapter::info";
 
-/// Registers `<prefix>::<id>` for every function of the manifest, `adapter::info` last;
-/// returns them in that order, so a connection handing its functions over can withdraw them.
+/// Registers `<prefix>::<id>` for every function of the manifest, then the family functions
+/// (`sandbox::provider::<name>::<id>`, when the dispatcher has a family), and
+/// `<prefix>::adapter::info` last; returns them in that order, so a connection handing its
+/// functions over can withdraw them.
 pub fn register_all(
     iii: &IIIClient,
     prefix: &str,
     functions: &[FunctionSpec],
     dispatcher: Arc<Dispatcher>,
 ) -> Vec<FunctionRef> {
-    let mut registered = Vec::with_capacity(functions.len());
     let (marker, rest): (Vec<_>, Vec<_>) = functions
         .iter()
         .partition(|spec| spec.id == READINESS_FUNCTION);
-    for spec in rest.into_iter().chain(marker) {
-        let full_id = format!("{prefix}::{}", spec.id);
-        let suffix: Arc<str> = spec.id.as_str().into();
-        let guarded = spec.token_guarded;
+    let ours = |spec: &FunctionSpec| {
+        (
+            format!("{prefix}::{}", spec.id),
+            spec.id.clone(),
+            spec.clone(),
+        )
+    };
+    let family = dispatcher.family.iter().flat_map(|family| {
+        family.functions.iter().map(|spec| {
+            (
+                family_function_id(&family.name, &spec.id),
+                family_call(&spec.id),
+                spec.clone(),
+            )
+        })
+    });
+    let table: Vec<(String, String, FunctionSpec)> = rest
+        .into_iter()
+        .map(ours)
+        .chain(family)
+        .chain(marker.into_iter().map(ours))
+        .collect();
+    table
+        .into_iter()
+        .map(|(full_id, call, spec)| register_one(iii, full_id, call, &spec, &dispatcher))
+        .collect()
+}
+
+/// Registers `full_id`, whose calls reach the plugin as `call`.
+fn register_one(
+    iii: &IIIClient,
+    full_id: String,
+    call: String,
+    spec: &FunctionSpec,
+    dispatcher: &Arc<Dispatcher>,
+) -> FunctionRef {
+    let call: Arc<str> = call.into();
+    let guarded = spec.token_guarded;
+    let dispatcher = Arc::clone(dispatcher);
+    let handler = move |payload: Value| {
         let dispatcher = Arc::clone(&dispatcher);
-        let handler = move |payload: Value| {
-            let dispatcher = Arc::clone(&dispatcher);
-            let suffix = Arc::clone(&suffix);
-            async move { dispatcher.call(&suffix, guarded, payload).await }
-        };
-        let registration = RegisterFunction::new_async(handler)
-            .description(spec.description.clone())
-            .request_format(spec.request_schema.clone())
-            .response_format(spec.response_schema.clone());
-        registered.push(iii.register_function(full_id.clone(), registration));
-        tracing::debug!(function = %full_id, guarded, "registered");
-    }
+        let call = Arc::clone(&call);
+        async move { dispatcher.call(&call, guarded, payload).await }
+    };
+    let registration = RegisterFunction::new_async(handler)
+        .description(spec.description.clone())
+        .request_format(spec.request_schema.clone())
+        .response_format(spec.response_schema.clone());
+    let registered = iii.register_function(full_id.clone(), registration);
+    tracing::debug!(function = %full_id, guarded, "registered");
     registered
 }
 

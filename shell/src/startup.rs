@@ -9,7 +9,7 @@ use plugin_api::host::PluginLibrary;
 use crate::auth::WorkerToken;
 use crate::cli::{trace_payloads_disabled, Args};
 use crate::configuration::ConfigReadError;
-use crate::serve::{register_all, Dispatcher};
+use crate::serve::{register_all, Dispatcher, Family};
 
 /// How the process ends; see the crate docs for the numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,10 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
             "III_NAMESPACE is set but blank: give it a name or unset it",
         );
     }
+    let family_name = match plugin_api::manifest::family_name_from_env() {
+        Ok(name) => name,
+        Err(e) => return fail(Exit::BadSetup, e),
+    };
     let library = match PluginLibrary::load(&plugin_path) {
         Ok(library) => library,
         Err(e) => return fail(Exit::BadSetup, e),
@@ -51,6 +55,9 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         .prefix
         .clone()
         .unwrap_or_else(|| manifest.adapter.clone());
+    if let Err(e) = check_prefix(&prefix) {
+        return fail(Exit::BadSetup, e);
+    }
     tracing::info!(plugin = %plugin_path.display(), adapter = %manifest.adapter, %prefix, "plugin loaded");
 
     let iii = connect(&args, &manifest.adapter_version);
@@ -109,6 +116,7 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
         plugin: plugin.clone(),
         token: WorkerToken::from_env(),
         trace_payloads: !trace_payloads_disabled(),
+        family: family(family_name, &manifest.family),
     });
     register_all(&iii, &prefix, &manifest.functions, Arc::clone(&dispatcher));
     tracing::info!(
@@ -141,6 +149,34 @@ pub async fn run(args: Args, plugin_path: std::path::PathBuf) -> Exit {
     exit
 }
 
+/// iii's `sandbox` router owns `sandbox::<leaf>` and reaches adapters under
+/// `sandbox::provider::`: a prefix there would register ids that belong to the router or to
+/// the family surface.
+fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix == "sandbox" || prefix.starts_with("sandbox::") {
+        return Err(format!(
+            "prefix {prefix:?} is iii's sandbox router's namespace; serve under another \
+             prefix (the family surface is {}, see docs/family.md)",
+            plugin_api::manifest::FAMILY_NAME_ENV
+        ));
+    }
+    Ok(())
+}
+
+/// The family surface to register: the name, when the plugin has family functions.
+fn family(name: Option<String>, functions: &[plugin_api::FunctionSpec]) -> Option<Family> {
+    let name = name?;
+    if functions.is_empty() {
+        tracing::info!(provider = %name, "the plugin declares no family functions");
+        return None;
+    }
+    tracing::info!(provider = %name, functions = functions.len(), "serving iii's sandbox family");
+    Some(Family {
+        name,
+        functions: functions.to_vec(),
+    })
+}
+
 fn connect(args: &Args, version: &str) -> IIIClient {
     crate::bus::connect(
         &args.url,
@@ -160,5 +196,41 @@ async fn until_stopped() -> Exit {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Exit::Stopped,
         _ = terminate.recv() => Exit::Stopped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_routers_namespace_is_no_prefix() {
+        for bad in ["sandbox", "sandbox::provider::libkrun", "sandbox::x"] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "sandbox-libkrun",
+            "sandbox-bwrap",
+            "sandboxes",
+            "my::sandbox",
+        ] {
+            assert!(check_prefix(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn no_family_without_a_name_or_functions() {
+        let spec = plugin_api::FunctionSpec {
+            id: "create".into(),
+            description: String::new(),
+            request_schema: serde_json::json!({}),
+            response_schema: serde_json::json!({}),
+            token_guarded: false,
+        };
+        assert!(family(None, std::slice::from_ref(&spec)).is_none());
+        assert!(family(Some("libkrun".into()), &[]).is_none());
+        let on = family(Some("local".into()), std::slice::from_ref(&spec)).unwrap();
+        assert_eq!(on.name, "local");
+        assert_eq!(on.functions, vec![spec]);
     }
 }
