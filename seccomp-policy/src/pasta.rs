@@ -16,9 +16,11 @@
 //! path the measurement missed fails that one operation, not every connection of the
 //! sandbox. Left out: `ptrace`, `bpf`, `io_uring`, `process_vm_*`, module and keyring calls,
 //! every other way to start a program (`execveat`, `fork` and `vfork`; `clone` is what pasta
-//! joins a namespace with), and sockets of any kind but those it opens: inet stream and
-//! datagram (ICMP echo is an inet datagram socket), netlink, and unix datagram (the system
-//! log): never raw IP nor packet sockets.
+//! joins a namespace with, and makes no namespace), a new user or network namespace
+//! (`unshare` of a mount, UTS and IPC namespace only; `setns` into a user or network
+//! namespace only), and sockets of any kind but those it opens: inet stream and datagram
+//! (ICMP echo is an inet datagram socket), netlink, and unix datagram (the system log):
+//! never raw IP nor packet sockets.
 
 use std::collections::BTreeMap;
 
@@ -48,10 +50,8 @@ pub fn allowed_syscalls() -> Vec<libc::c_long> {
         libc::SYS_pread64,
         libc::SYS_read,
         libc::SYS_close,
-        // Its set-up: the sandbox's namespaces joined, its own isolation, its ids and
-        // capabilities.
-        libc::SYS_setns,
-        libc::SYS_unshare,
+        // Its set-up: the sandbox's namespaces joined (`setns`, below), its own isolation
+        // (`unshare`, below), its ids and capabilities.
         libc::SYS_mount,
         libc::SYS_umount2,
         libc::SYS_pivot_root,
@@ -67,8 +67,8 @@ pub fn allowed_syscalls() -> Vec<libc::c_long> {
         libc::SYS_geteuid,
         libc::SYS_getegid,
         libc::SYS_getpid,
-        // Joining the namespace for a moment: a child sharing its memory, waited for.
-        libc::SYS_clone,
+        // Joining the namespace for a moment: a child sharing its memory (`clone`, below),
+        // waited for.
         libc::SYS_waitid,
         libc::SYS_wait4,
         libc::SYS_exit,
@@ -150,12 +150,57 @@ fn socket_rules() -> Result<Vec<SeccompRule>, Error> {
     Ok(rules)
 }
 
+/// Every namespace kind a `clone` or `unshare` flag makes.
+const NEW_NAMESPACES: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP) as u64;
+
+/// `clone` making no namespace (pasta's child that joins the sandbox's network namespace
+/// shares its memory and makes none; clone's flags are arg0 on x86_64 and aarch64 alike).
+fn clone_rules() -> Result<Vec<SeccompRule>, Error> {
+    Ok(vec![SeccompRule::new(vec![arg0(
+        SeccompCmpOp::MaskedEq(NEW_NAMESPACES),
+        0,
+    )?])?])
+}
+
+/// `unshare` of pasta's own isolation only: a mount, UTS and IPC namespace, never a user or
+/// network namespace (a new user namespace would give it every capability again).
+fn unshare_rules() -> Result<Vec<SeccompRule>, Error> {
+    let allowed = (libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) as u64;
+    Ok(vec![SeccompRule::new(vec![arg0(
+        SeccompCmpOp::MaskedEq(NEW_NAMESPACES & !allowed),
+        0,
+    )?])?])
+}
+
+/// `setns` into the sandbox's user and network namespaces, named by kind (never 0, "any").
+fn setns_rules() -> Result<Vec<SeccompRule>, Error> {
+    [libc::CLONE_NEWUSER, libc::CLONE_NEWNET]
+        .into_iter()
+        .map(|kind| {
+            Ok(SeccompRule::new(vec![arg(
+                1,
+                SeccompCmpOp::Eq,
+                kind as u64,
+            )?])?)
+        })
+        .collect()
+}
+
 fn allowlist(arch: TargetArch) -> Result<BpfProgram, Error> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed_syscalls()
         .into_iter()
         .map(|nr| (nr, Vec::new()))
         .collect();
     rules.insert(libc::SYS_socket, socket_rules()?);
+    rules.insert(libc::SYS_clone, clone_rules()?);
+    rules.insert(libc::SYS_unshare, unshare_rules()?);
+    rules.insert(libc::SYS_setns, setns_rules()?);
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Errno(libc::EPERM as u32),
@@ -275,5 +320,49 @@ mod tests {
             unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) }
         });
         assert_eq!(ptrace, -i64::from(libc::EPERM));
+        // pasta's own isolation passes; a new user or network namespace does not.
+        let own = in_filtered_child(|| {
+            // SAFETY: unshare takes integer flags.
+            unsafe {
+                libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC).into()
+            }
+        });
+        assert_eq!(own, 0);
+        for flags in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+        ] {
+            let call = match flags {
+                libc::CLONE_NEWUSER => || {
+                    // SAFETY: unshare takes integer flags.
+                    unsafe { libc::unshare(libc::CLONE_NEWUSER).into() }
+                },
+                libc::CLONE_NEWNET => || {
+                    // SAFETY: unshare takes integer flags.
+                    unsafe { libc::unshare(libc::CLONE_NEWNET).into() }
+                },
+                _ => || {
+                    // SAFETY: unshare takes integer flags.
+                    unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID).into() }
+                },
+            };
+            assert_eq!(
+                in_filtered_child(call),
+                -i64::from(libc::EPERM),
+                "{flags:#x}"
+            );
+        }
+        // setns by kind: "any namespace" (0) is refused before the kernel looks at the fd.
+        let any = in_filtered_child(|| {
+            // SAFETY: setns on a descriptor that is not a namespace fails; integer arguments.
+            unsafe { libc::setns(0, 0).into() }
+        });
+        assert_eq!(any, -i64::from(libc::EPERM));
+        let net = in_filtered_child(|| {
+            // SAFETY: as above; stdin is no namespace, so the kernel says EINVAL.
+            unsafe { libc::setns(0, libc::CLONE_NEWNET).into() }
+        });
+        assert_eq!(net, -i64::from(libc::EINVAL));
     }
 }
