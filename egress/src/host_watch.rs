@@ -470,4 +470,114 @@ mod tests {
         .join()
         .expect("the thread");
     }
+
+    /// The whole follower against the kernel and `nft`, in a network namespace of a thread's
+    /// own (its "host"): the sets start as the ruleset wrote them, follow an address added and
+    /// removed, and refuse every address once the follower gives up. Prints how long each
+    /// change took to reach the set (polled with `nft list`, a few milliseconds a look).
+    #[test]
+    fn the_sets_follow_the_hosts_addresses() {
+        let Some(nft) = crate::network::find_in_path("nft") else {
+            println!("DID NOT RUN: no nft here");
+            return;
+        };
+        if !nix::unistd::geteuid().is_root() {
+            println!("DID NOT RUN: needs root (a network namespace of its own)");
+            return;
+        }
+        let nft = nft.display().to_string();
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a namespace");
+            let run = |program: &str, args: &[&str], input: &str| {
+                let mut child = std::process::Command::new(program)
+                    .args(args)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes())
+                    .unwrap();
+                let out = child.wait_with_output().unwrap();
+                assert!(out.status.success(), "{program} {args:?}");
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            };
+            let egress = crate::policy::Egress::default();
+            // Written with an address the host does not have: the follower's first dump drops it.
+            let stale: IpAddr = "192.0.2.99".parse().unwrap();
+            run(
+                &nft,
+                &["-f", "-"],
+                &crate::network::gate_ruleset(&egress, &[stale]),
+            );
+            let listing = || {
+                run(&nft, &["list", "set", "inet", "iii_egress", "host_v4"], "")
+                    + &run(&nft, &["list", "set", "inet", "iii_egress", "host_v6"], "")
+            };
+            let wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
+                let since = std::time::Instant::now();
+                loop {
+                    let now = listing();
+                    if done(&now) {
+                        println!("{what}: {:?}", since.elapsed());
+                        return;
+                    }
+                    assert!(since.elapsed() < Duration::from_secs(5), "{what}:\n{now}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            let watch = HostWatch::open().expect("the socket");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            let follower = {
+                let nft = nft.clone();
+                std::thread::spawn(move || {
+                    // The follower runs on its own thread: it was opened in this namespace,
+                    // and its `nft` runs from threads of this one's.
+                    runtime.block_on(async move {
+                        tokio::select! {
+                            () = follow(watch, nft, |what| eprintln!("{what}")) => {}
+                            () = async {
+                                while stopped.try_recv().is_err() {
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                }
+                            } => {}
+                        }
+                    });
+                })
+            };
+            wait_for("the stale address dropped", &|l| !l.contains("192.0.2.99"));
+            let ip = |args: &[&str]| {
+                let status = std::process::Command::new("ip").args(args).status();
+                assert!(status.is_ok_and(|s| s.success()), "ip {args:?}");
+            };
+            ip(&["link", "set", "lo", "up"]);
+            wait_for("loopback's addresses in", &|l| {
+                l.contains("127.0.0.1") && l.contains("::1")
+            });
+            ip(&["addr", "add", "198.51.100.7/32", "dev", "lo"]);
+            wait_for("an IPv4 address added", &|l| l.contains("198.51.100.7"));
+            ip(&["addr", "add", "2001:db8::7/128", "dev", "lo"]);
+            wait_for("an IPv6 address added", &|l| l.contains("2001:db8::7"));
+            ip(&["addr", "del", "198.51.100.7/32", "dev", "lo"]);
+            ip(&["addr", "del", "2001:db8::7/128", "dev", "lo"]);
+            wait_for("both removed", &|l| {
+                !l.contains("198.51.100.7") && !l.contains("2001:db8::7") && l.contains("127.0.0.1")
+            });
+            stop.send(()).unwrap();
+            follower.join().unwrap();
+            // A follower that can no longer hear the host refuses every address.
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(give_up(&nft, &|what: &str| eprintln!("{what}"), "a test"));
+            let all = listing();
+            assert!(all.contains("0.0.0.0/0") && all.contains("::/0"), "{all}");
+        })
+        .join()
+        .expect("the thread");
+    }
 }
