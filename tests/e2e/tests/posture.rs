@@ -106,6 +106,17 @@ async fn new_root(stack: &Stack, known: &[(String, u32)], program: &str) -> u32 
 }
 
 /// The symbols of this run.
+/// A sandbox's open-file limit as `adapter::info` states it (`soft:hard`).
+async fn sandbox_nofile(stack: &Stack) -> Option<String> {
+    let info = stack.call("adapter::info", json!({})).await.ok()?;
+    let files = &info["backend"]["isolation"]["ceilings"]["open_files"];
+    Some(format!(
+        "{}:{}",
+        files["soft"].as_u64()?,
+        files["hard"].as_u64()?
+    ))
+}
+
 fn context(stack: &Stack, compose: &Path, ids: &[(&str, &str)]) -> Context {
     let mut paths = vec![
         (
@@ -148,6 +159,7 @@ fn context(stack: &Stack, compose: &Path, ids: &[(&str, &str)]) -> Context {
             .map(|(id, symbol)| (id.to_string(), symbol.to_string()))
             .collect(),
         engine_port,
+        sandbox_nofile: None,
     }
 }
 
@@ -188,11 +200,14 @@ async fn bwrap_host_processes_match_their_table() {
     let adapter = stack.adapter.pid();
     settle(adapter, &groups, Duration::from_secs(20));
 
-    let context = context(
-        &stack,
-        &compose,
-        &[(&net, "{net}"), (&nonet, "{nonet}"), (WORKER, "{worker}")],
-    );
+    let context = Context {
+        sandbox_nofile: sandbox_nofile(&stack).await,
+        ..context(
+            &stack,
+            &compose,
+            &[(&net, "{net}"), (&nonet, "{nonet}"), (WORKER, "{worker}")],
+        )
+    };
     let (mut observed, watched) = observe(adapter, &groups, &context);
     let outcome = parent_death::measure(&watched, || stack.adapter.kill9());
     add_parent_death(&mut observed, &outcome);

@@ -26,6 +26,10 @@ pub struct Context {
     pub names: Vec<(String, String)>,
     /// The engine's port on the host's loopback.
     pub engine_port: u16,
+    /// A sandbox's `RLIMIT_NOFILE` as `soft:hard`, which the adapter sizes from this host's
+    /// `fs.file-max` and its sandbox cap (`adapter::info`'s `backend.isolation.ceilings`): shown as
+    /// `{sandbox}`.
+    pub sandbox_nofile: Option<String>,
 }
 
 /// The whole observation of one adapter: itself, every process it started, and the test
@@ -270,7 +274,12 @@ pub fn describe(observed: &Observed, context: &Context) -> Table {
             .limits
             .iter()
             .filter(|(name, value)| observed.adapter.limits.get(*name) != Some(value))
-            .map(|(name, value)| format!("{name} {value}"))
+            .map(|(name, value)| match &context.sandbox_nofile {
+                Some(sandbox) if name.as_str() == "nofile" && value == sandbox => {
+                    format!("{name} {{sandbox}}")
+                }
+                _ => format!("{name} {value}"),
+            })
             .collect();
         p.set("rlimits", Value::List(rlimits));
         p.set("dumpable", Value::Text(super::dumpable::judge(raw)));
@@ -612,6 +621,7 @@ mod tests {
                 "{net}".into(),
             )],
             engine_port: 49134,
+            sandbox_nofile: None,
         }
     }
 
