@@ -122,7 +122,8 @@ async fn libkrun_plugin_answers_info_registers_its_schemas_and_its_worker_name()
         .expect("create info");
     assert_eq!(create["request_format"]["required"], json!(["image"]));
 
-    // The worker shows under $III_WORKER_NAME, owning exactly the manifest's functions.
+    // The worker shows under $III_WORKER_NAME, owning exactly the manifest's functions: its
+    // own, and its family functions under the default provider name (docs/family.md).
     let workers = eventually(Duration::from_secs(30), || async {
         let found = workers_named(&bare.client, worker_name).await;
         (!found.is_empty()).then_some(found)
@@ -141,6 +142,12 @@ async fn libkrun_plugin_answers_info_registers_its_schemas_and_its_worker_name()
         .functions
         .iter()
         .map(|f| format!("sandbox-libkrun::{}", f.id))
+        .chain(
+            manifest
+                .family
+                .iter()
+                .map(|f| format!("sandbox::provider::libkrun::{}", f.id)),
+        )
         .collect();
     declared.sort();
     assert_eq!(owned, declared);
