@@ -17,6 +17,10 @@ pub enum ErrorCode {
     Unsupported,
     /// The peer speaks another protocol version.
     VersionMismatch,
+    /// A `TcpConnect` found nothing listening on the port (or the connection failed).
+    ConnectFailed,
+    /// The agent holds as many streams as it may ([`crate::tcp::MAX_TCP_STREAMS`]).
+    Busy,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -54,11 +54,21 @@ pub enum Kind {
     StdinAck = 15,
     /// JSON [`crate::TtySize`], host to agent: the new size of an exec's terminal.
     Resize = 16,
+    /// JSON [`crate::TcpConnect`], host to agent: open a stream to a guest port.
+    TcpConnect = 17,
+    /// Empty, agent to host: the stream's connection is up.
+    TcpConnected = 18,
+    /// Raw stream bytes, either way; empty with `FLAG_END`: the sender's side is done.
+    TcpData = 19,
+    /// JSON [`crate::FlowAck`], either way: stream bytes passed on.
+    TcpAck = 20,
+    /// Empty, either way: the stream is over.
+    TcpClose = 21,
 }
 
 impl Kind {
     /// Every kind, in wire order (used by tests that pin the set).
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Hello,
         Kind::ExecStart,
         Kind::Stdin,
@@ -75,6 +85,11 @@ impl Kind {
         Kind::OutputAck,
         Kind::StdinAck,
         Kind::Resize,
+        Kind::TcpConnect,
+        Kind::TcpConnected,
+        Kind::TcpData,
+        Kind::TcpAck,
+        Kind::TcpClose,
     ];
 
     fn from_wire(byte: u8) -> Option<Kind> {

@@ -14,7 +14,8 @@
 //! An exec with a flow window (agents whose `Hello` lists `exec_flow`) also has
 //! `OutputAck` host to agent and `StdinAck` agent to host (see [`ExecRequest::flow_window`]).
 //! An exec on a terminal (agents whose `Hello` lists `exec_tty`) may get `Resize` frames
-//! host to agent (see [`ExecRequest::tty`]).
+//! host to agent (see [`ExecRequest::tty`]). Agents whose `Hello` lists `tcp_stream` relay
+//! TCP streams to the guest's loopback (`TcpConnect`, `TcpData`, ..., see [`tcp`]).
 
 pub mod error;
 pub mod exec;
@@ -22,6 +23,7 @@ pub mod frame;
 pub mod fs;
 pub mod hello;
 pub mod message;
+pub mod tcp;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -37,3 +39,4 @@ pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MA
 pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse, FS_CALL_TIMEOUT};
 pub use hello::{Hello, PROTOCOL_VERSION};
 pub use message::{Message, MessageError};
+pub use tcp::{TcpConnect, FEATURE_TCP_STREAM, MAX_TCP_STREAMS};

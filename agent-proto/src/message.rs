@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::exec::{ExecExit, ExecRequest, FlowAck, TtySize};
 use crate::frame::{Frame, Kind, FLAG_BODY, FLAG_END};
 use crate::fs::{FsReply, FsRequest};
+use crate::tcp::TcpConnect;
 use crate::{Hello, RequestError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,15 @@ pub enum Message {
     StdinAck(FlowAck),
     /// Only for execs started with a terminal (see [`ExecRequest::tty`]).
     Resize(TtySize),
+    /// Stream messages (see [`crate::tcp`]).
+    TcpConnect(TcpConnect),
+    TcpConnected,
+    TcpData {
+        data: Vec<u8>,
+        end: bool,
+    },
+    TcpAck(FlowAck),
+    TcpClose,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +91,13 @@ impl Message {
             Message::OutputAck(m) => json(id, Kind::OutputAck, &m)?,
             Message::StdinAck(m) => json(id, Kind::StdinAck, &m)?,
             Message::Resize(m) => json(id, Kind::Resize, &m)?,
+            Message::TcpConnect(m) => json(id, Kind::TcpConnect, &m)?,
+            Message::TcpConnected => Frame::new(id, Kind::TcpConnected, Vec::new()),
+            Message::TcpData { data, end } => {
+                Frame::new(id, Kind::TcpData, data).with_flags(end_flag(end))
+            }
+            Message::TcpAck(m) => json(id, Kind::TcpAck, &m)?,
+            Message::TcpClose => Frame::new(id, Kind::TcpClose, Vec::new()),
         };
         Ok(frame)
     }
@@ -115,6 +132,14 @@ impl Message {
             Kind::OutputAck => Message::OutputAck(parse(&frame)?),
             Kind::StdinAck => Message::StdinAck(parse(&frame)?),
             Kind::Resize => Message::Resize(parse(&frame)?),
+            Kind::TcpConnect => Message::TcpConnect(parse(&frame)?),
+            Kind::TcpConnected => empty(frame, Message::TcpConnected)?,
+            Kind::TcpData => Message::TcpData {
+                data: frame.payload,
+                end,
+            },
+            Kind::TcpAck => Message::TcpAck(parse(&frame)?),
+            Kind::TcpClose => empty(frame, Message::TcpClose)?,
         };
         Ok(msg)
     }

@@ -211,6 +211,34 @@ fn samples() -> Vec<(&'static str, Message)> {
                 cols: 132,
             }),
         ),
+        (
+            "tcp_connect",
+            Message::TcpConnect(TcpConnect {
+                port: 8000,
+                window: 131072,
+            }),
+        ),
+        ("tcp_connected", Message::TcpConnected),
+        (
+            "tcp_data",
+            Message::TcpData {
+                data: b"GET /".to_vec(),
+                end: false,
+            },
+        ),
+        (
+            "tcp_data_end",
+            Message::TcpData {
+                data: Vec::new(),
+                end: true,
+            },
+        ),
+        ("tcp_ack", Message::TcpAck(FlowAck { bytes: 69 })),
+        ("tcp_close", Message::TcpClose),
+        (
+            "error_connect_failed",
+            Message::Error(RequestError::new(ErrorCode::ConnectFailed, "refused")),
+        ),
     ]
 }
 

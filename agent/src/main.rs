@@ -18,6 +18,7 @@ mod outbox;
 mod procs;
 mod server;
 mod sys;
+mod tcp;
 mod transport;
 
 use std::process::ExitCode;

@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use agent_proto::{
     ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, FEATURE_EXEC_FLOW,
-    FEATURE_EXEC_TTY, PROTOCOL_VERSION,
+    FEATURE_EXEC_TTY, FEATURE_TCP_STREAM, PROTOCOL_VERSION,
 };
 
 use crate::exec::{self, ExecContext, ExecHandle};
 use crate::fs;
 use crate::log::log;
+use crate::tcp::Streams;
 
 /// Largest fs write body the agent buffers; larger files are written in appended parts.
 const MAX_WRITE_BODY: usize = 64 * 1024 * 1024;
@@ -37,11 +38,17 @@ struct Server {
     execs: Execs,
     /// fs requests whose body is still arriving.
     bodies: HashMap<u32, (FsRequest, Vec<u8>)>,
+    /// TCP streams to the sandbox's loopback (the host's exposed ports).
+    streams: Streams,
 }
 
 pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
     let software = concat!("sandbox-agent ", env!("CARGO_PKG_VERSION"));
-    let hello = Hello::new(software).with_features(&[FEATURE_EXEC_FLOW, FEATURE_EXEC_TTY]);
+    let hello = Hello::new(software).with_features(&[
+        FEATURE_EXEC_FLOW,
+        FEATURE_EXEC_TTY,
+        FEATURE_TCP_STREAM,
+    ]);
     ctx.outbox.send(0, Message::Hello(hello));
     if let Err(e) = handshake(reader, &ctx) {
         return e;
@@ -50,6 +57,7 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         ctx,
         execs: Arc::default(),
         bodies: HashMap::new(),
+        streams: Streams::default(),
     };
     loop {
         let frame = match Frame::read_from(reader) {
@@ -133,6 +141,10 @@ impl Server {
                 }
             }
             Message::Data { data, end } => self.fs_body(id, data, end),
+            Message::TcpConnect(request) => self.streams.connect(id, request, &self.ctx.outbox),
+            Message::TcpData { data, end } => self.streams.data(id, data, end),
+            Message::TcpAck(ack) => self.streams.ack(id, ack.bytes),
+            Message::TcpClose => self.streams.close(id),
             other => {
                 let what = format!("{other:?}").chars().take(80).collect::<String>();
                 self.refuse(
@@ -202,6 +214,7 @@ impl Server {
     }
 
     fn kill_all(&self) {
+        self.streams.close_all();
         for handle in lock(&self.execs).values() {
             handle.control.request_kill();
         }

@@ -33,7 +33,7 @@ pub(crate) struct FlowState {
 }
 
 impl FlowState {
-    fn new(window: u64) -> FlowState {
+    pub(crate) fn new(window: u64) -> FlowState {
         FlowState {
             window,
             output_unacked: AtomicU64::new(0),
@@ -60,6 +60,34 @@ impl FlowState {
                 Some(unacked - returned)
             });
         self.stdin_credit.add_permits(returned as usize);
+    }
+
+    /// A chunk of `len` bytes handed on by the consumer: its cost, taken off what is
+    /// unacknowledged (to be sent back to the agent as an ack).
+    pub(crate) fn output_consumed(&self, len: usize) -> u64 {
+        let cost = flow_cost(len);
+        let _ = self
+            .output_unacked
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(v.saturating_sub(cost))
+            });
+        cost
+    }
+
+    /// Waits for credit to send a chunk of `len` bytes (at most the window's worth, which
+    /// the caller ensures); false once the stream or exec is over.
+    pub(crate) async fn take_input_credit(&self, len: usize) -> bool {
+        let cost = flow_cost(len);
+        match self.stdin_credit.acquire_many(cost as u32).await {
+            Ok(permit) => permit.forget(),
+            Err(_) => return false,
+        }
+        self.stdin_unacked.fetch_add(cost, Ordering::SeqCst);
+        true
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
     }
 
     /// The exec is over: stdin waiting for credit gives up.

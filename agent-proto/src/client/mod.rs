@@ -4,6 +4,7 @@
 
 mod flow;
 mod io;
+pub mod tcp;
 #[cfg(test)]
 mod tests;
 mod waiters;
@@ -21,6 +22,7 @@ use crate::{
     MessageError, RequestError, PROTOCOL_VERSION,
 };
 pub use flow::{FlowExec, FlowExit, FlowHandle};
+pub use tcp::{TcpEvent, TcpReader, TcpWriter};
 use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.

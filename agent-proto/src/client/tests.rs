@@ -443,3 +443,60 @@ async fn stdin_acks_never_return_more_credit_than_was_sent() {
     assert!(!feeding.await.unwrap().unwrap(), "the exec ended first");
     flow.exit.wait().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_tcp_stream_needs_an_agent_that_offers_it() {
+    let (client, _fake) = pair().await;
+    let err = client
+        .tcp_connect(80, 1 << 20)
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
+}
+
+#[tokio::test]
+async fn an_agent_past_its_tcp_window_loses_the_stream_and_is_told_to_close_it() {
+    let (client, mut fake) = pair_with(&[crate::FEATURE_TCP_STREAM]).await;
+    let connecting = tokio::spawn(async move {
+        let stream = client.tcp_connect(8000, 0).await;
+        (client, stream)
+    });
+    let open = fake.recv().await;
+    assert_eq!(open.kind, Kind::TcpConnect);
+    let window = match Message::from_frame(open.clone()).unwrap() {
+        Message::TcpConnect(c) => c.window,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(window, 2 * crate::flow_cost(CHUNK_SIZE), "clamped up");
+    fake.send(open.id, Message::TcpConnected).await;
+    let (client, stream) = connecting.await.unwrap();
+    let (mut reader, _writer) = stream.expect("connected");
+    // Two full chunks fit the window exactly; one more byte does not.
+    for _ in 0..2 {
+        let data = vec![1u8; CHUNK_SIZE];
+        fake.send(open.id, Message::TcpData { data, end: false })
+            .await;
+    }
+    let data = vec![1u8];
+    fake.send(open.id, Message::TcpData { data, end: false })
+        .await;
+    let mut got = 0;
+    while let Some(event) = reader.recv().await {
+        match event {
+            crate::client::TcpEvent::Data(d) => got += d.len(),
+            crate::client::TcpEvent::End => panic!("no end was sent"),
+        }
+    }
+    assert_eq!(
+        got,
+        2 * CHUNK_SIZE,
+        "what fitted was handed on, then the end"
+    );
+    drop(reader);
+    drop(_writer);
+    let close = fake.recv().await;
+    assert_eq!((close.id, close.kind), (open.id, Kind::TcpClose));
+    // The link itself is whole.
+    assert!(!client.is_closed());
+}

@@ -2,11 +2,13 @@
 //! Output is capped here too, so the client never holds more than the caller allowed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::client::flow::FlowState;
+use crate::client::tcp::TcpEvent;
 use crate::client::{AgentError, OutputChunk};
 use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
 
@@ -41,7 +43,19 @@ pub(crate) struct FsWaiter {
     pub reply: Reply<FsResponse>,
 }
 
+/// A TCP stream to a guest port (see `client::tcp`): the agent's bytes to an unbounded sink,
+/// bounded by the window, which is checked here.
+pub(crate) struct TcpWaiter {
+    /// Answered at `TcpConnected` (or with the agent's refusal).
+    pub opened: Option<Reply<()>>,
+    pub sink: mpsc::UnboundedSender<TcpEvent>,
+    pub state: Arc<FlowState>,
+    /// Set at the agent's `TcpClose`: the stream is gone there, nothing to close.
+    pub agent_closed: Arc<AtomicBool>,
+}
+
 pub(crate) enum Waiter {
+    Tcp(TcpWaiter),
     Exec(ExecWaiter),
     ExecStream(StreamWaiter),
     ExecFlow(FlowWaiter),
@@ -75,6 +89,13 @@ impl Waiter {
             }
             Waiter::Fs(w) => drop(w.reply.send(Err(err))),
             Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
+            // Dropping the sink ends the stream for its reader.
+            Waiter::Tcp(w) => {
+                w.state.finish();
+                if let Some(opened) = w.opened {
+                    drop(opened.send(Err(err)));
+                }
+            }
         }
     }
 }
@@ -188,6 +209,20 @@ impl Waiters {
                     drop(w.reply.send(result));
                 }
             }
+            (Waiter::Tcp(w), Message::TcpConnected) => {
+                if let Some(opened) = w.opened.take() {
+                    drop(opened.send(Ok(())));
+                }
+            }
+            (Waiter::Tcp(_), Message::TcpData { data, end }) => self.tcp_data(id, data, end),
+            (Waiter::Tcp(w), Message::TcpAck(ack)) => w.state.stdin_written(ack.bytes),
+            (Waiter::Tcp(_), Message::TcpClose) => {
+                // The agent is done with the stream; the sink's end tells the reader.
+                if let Some(Waiter::Tcp(w)) = self.map.remove(&id) {
+                    w.agent_closed.store(true, Ordering::SeqCst);
+                    w.state.finish();
+                }
+            }
             (Waiter::Shutdown(_), Message::ShutdownAck) => {
                 if let Some(Waiter::Shutdown(tx)) = self.map.remove(&id) {
                     drop(tx.send(Ok(())));
@@ -226,6 +261,32 @@ impl Waiters {
             w.fail(AgentError::Unexpected(
                 "the agent sent output past its flow window".into(),
             ));
+        }
+    }
+}
+
+impl Waiters {
+    /// Hands a stream's bytes on, or ends the stream if the agent overran its window or
+    /// sent bytes before the connection was up.
+    fn tcp_data(&mut self, id: u32, data: Vec<u8>, end: bool) {
+        let Some(Waiter::Tcp(w)) = self.map.get(&id) else {
+            return;
+        };
+        let fits = w.opened.is_none() && (data.is_empty() || w.state.take_output(data.len()));
+        if !fits {
+            if let Some(w) = self.map.remove(&id) {
+                w.fail(AgentError::Unexpected(
+                    "the agent sent stream bytes out of turn or past its flow window".into(),
+                ));
+            }
+            return;
+        }
+        // A closed sink means the reader is gone; its drop closes the stream.
+        if !data.is_empty() {
+            let _ = w.sink.send(TcpEvent::Data(data));
+        }
+        if end {
+            let _ = w.sink.send(TcpEvent::End);
         }
     }
 }
