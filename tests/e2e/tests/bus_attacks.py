@@ -7,15 +7,19 @@
 #       announces itself as NAME with a control or bidi character added, once per variant, each
 #       on its own connection: {"variants": [{"name", "frames", "owner_ids", "closed"}]}
 #   bus_attacks.py claim OWN_NAME TARGET_ID...
-#       announces itself as OWN_NAME, then sends engine::workers::register with ARRAY data whose
-#       first element is each TARGET_ID (the engine reads it as the worker to apply the
-#       announcement to): once renaming the target, once naming it OWN_NAME (a conflict, which
-#       refuses the target's connection), once with a namespace; and once as an object with a
-#       forged _caller_worker_id: {"frames", "closed"}
+#       for each TARGET_ID, four times, each on a connection of its own (a guard that refuses
+#       one ends that connection, and the next form must still be tried): announces itself as
+#       OWN_NAME, then sends engine::workers::register with ARRAY data whose first element is
+#       the TARGET_ID (the engine reads it as the worker to apply the announcement to): once
+#       renaming the target, once naming it OWN_NAME (a conflict, which refuses the target's
+#       connection), once with a namespace; and once as an object with a forged
+#       _caller_worker_id: {"connected", "sent", "frames", "closed"}, "connected" counting the
+#       connections the engine's side greeted with a worker id, "closed" those that ended
 #   bus_attacks.py http URL VAR HOLD_SECS
 #       registers guest::hook-bearer, -apikey and -hmac as HTTP-invoked functions at URL, with
-#       credentials read from the engine's variable VAR, calls each, then keeps the connection
-#       for HOLD_SECS so the host can call them too: {"answers", "frames", "closed"}
+#       credentials read from the engine's variable VAR, and guest::hook-plain without any,
+#       calls each, then keeps the connection for HOLD_SECS so the host can call them too:
+#       {"answers", "frames", "closed"}
 #   bus_attacks.py schemas COUNT BYTES HOLD_SECS
 #       announces itself, then registers COUNT functions guest::big-N, each with a request_format
 #       of BYTES: {"sent", "refusals", "closed"}; then keeps the connection (and so whatever the
@@ -95,13 +99,9 @@ def names(name):
 
 
 def claim(own_name, targets):
-    ws, _ = open_ws()
-    announce(ws, {"name": own_name, "runtime": "python", "version": "0", "os": "linux",
-                  "pid": os.getpid()})
-    frames, closed = drain(ws, 1)
+    frames = []
+    connected = sent = closed = 0
     for n, target in enumerate(targets):
-        if closed:
-            break
         for data in (
             [target, "python", "0", f"guest-renamed-{n}", None, "linux", None],
             [target, "python", "0", own_name, None, "linux", None],
@@ -109,18 +109,28 @@ def claim(own_name, targets):
              "guest-ns"],
             {"_caller_worker_id": target, "name": f"guest-forged-{n}", "runtime": "python"},
         ):
+            ws, greeting = open_ws()
+            if greeting.get("worker_id"):
+                connected += 1
+            announce(ws, {"name": own_name, "runtime": "python", "version": "0",
+                          "os": "linux", "pid": os.getpid()})
+            more, ended = drain(ws, 0.3)
+            if not ended:
+                try:
+                    announce(ws, data)
+                    sent += 1
+                    more2, ended = drain(ws, 1)
+                    more += more2
+                except Exception:
+                    ended = True
+            frames += more
+            closed += ended
             try:
-                announce(ws, data)
+                ws.close()
             except Exception:
-                closed = True
-                break
-        more, closed = drain(ws, 1)
-        frames += more
-    print(json.dumps({"frames": frames, "closed": closed}), flush=True)
-    try:
-        ws.close()
-    except Exception:
-        pass
+                pass
+    print(json.dumps({"connected": connected, "sent": sent, "frames": frames,
+                      "closed": closed}), flush=True)
 
 
 def http(url, var, hold):
@@ -129,12 +139,16 @@ def http(url, var, hold):
         "guest::hook-bearer": {"type": "bearer", "token_key": var},
         "guest::hook-apikey": {"type": "api_key", "header": "x-api-key", "value_key": var},
         "guest::hook-hmac": {"type": "hmac", "secret_key": var},
+        "guest::hook-plain": None,
     }
     announce(ws, {"name": "guest-http", "runtime": "python", "version": "0", "os": "linux",
                   "pid": os.getpid()})
     for function_id, auth in auths.items():
+        invocation = {"url": url, "method": "POST"}
+        if auth:
+            invocation["auth"] = auth
         send(ws, {"type": "registerfunction", "id": function_id, "description": "hook",
-                  "invocation": {"url": url, "method": "POST", "auth": auth}})
+                  "invocation": invocation})
     frames, closed = drain(ws, 1)
     answers = {}
     for function_id in auths:

@@ -6,6 +6,10 @@
 //! the worker the announcement applies to), and sends HTTP-invoked functions' calls itself,
 //! with a credential from its own environment.
 //!
+//! The same attacks come from a Compose worker VM too (`worker::prepare`/`start` on bwrap):
+//! its guest is behind the same guard in worker mode, where the ids it serves and calls are
+//! open but announcements, `engine::` and HTTP-invoked functions are judged as strictly.
+//!
 //! The guest is `bus_attacks.py`, raw protocol frames from the `pysdk` fixture image (built
 //! and pushed once, see bus_guard.rs); where bwrap, pasta or that image are missing the tests
 //! say DID NOT RUN. The guard's refusal texts are not asserted, only outcomes: the adapter
@@ -13,7 +17,9 @@
 //! and bounds on what the engine and the adapter's log were made to hold.
 
 mod sandbox_support;
+mod worker_support;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -73,20 +79,36 @@ fn usable(test: &str) -> bool {
     true
 }
 
-/// The stack with the bus keys of `bus`, its engine's environment holding `env` (the engine
-/// runs in this process: its builder, not this process's environment, gives it a secret).
+/// The stack with sandboxes on the bus and the bus keys of `bus`, its engine's environment
+/// holding `env` (the engine runs in this process: its builder, not this process's
+/// environment, gives it a secret).
 async fn stack_with(bus: Value, env: &[(&str, &str)]) -> Stack {
-    let mut extra = json!({
-        "custom_images": {"pysdk": pysdk_image().unwrap()},
-        "image_allowlist": ["python", "pysdk"],
-        "sandbox_bus_access": true,
-    });
+    let mut extra = json!({"sandbox_bus_access": true});
     if let (Some(base), Value::Object(bus)) = (extra.as_object_mut(), bus) {
         base.extend(bus);
     }
-    let options = AdapterOptions::default();
+    stack_from(extra, env, &AdapterOptions::default()).await
+}
+
+/// The stack for worker VMs of the Compose directory `compose` (the worker token set), with
+/// the configuration keys of `extra`. Sandboxes stay off the bus: a worker VM is behind the
+/// guard whatever `sandbox_bus_access` says, and only the sandbox of another tenant is made.
+async fn worker_stack(compose: &Path, extra: Value, env: &[(&str, &str)]) -> Stack {
+    stack_from(extra, env, &worker_support::compose_options(compose)).await
+}
+
+/// The stack with the pysdk image allowed, the configuration keys of `extra`, the engine's
+/// environment holding `env`, and the adapter started with `options`.
+async fn stack_from(extra: Value, env: &[(&str, &str)], options: &AdapterOptions) -> Stack {
+    let mut keys = json!({
+        "custom_images": {"pysdk": pysdk_image().unwrap()},
+        "image_allowlist": ["python", "pysdk"],
+    });
+    if let (Some(base), Value::Object(extra)) = (keys.as_object_mut(), extra) {
+        base.extend(extra);
+    }
     let state_dir = e2e_tests::host_dir();
-    let config = e2e_tests::config_with(state_dir.path(), extra);
+    let config = e2e_tests::config_with(state_dir.path(), keys);
     let mut builder = Engine::with_config(options.config_name.clone(), config);
     for (name, value) in env {
         builder = builder.env(*name, *value);
@@ -95,7 +117,7 @@ async fn stack_with(bus: Value, env: &[(&str, &str)]) -> Stack {
         .start("127.0.0.1:0".parse().unwrap())
         .await
         .expect("start engine");
-    let adapter = Adapter::spawn(&engine.url(), &options);
+    let adapter = Adapter::spawn(&engine.url(), options);
     let client = Client::connect(&engine.url()).await.expect("client");
     let ready = client
         .wait_for_function(
@@ -315,10 +337,10 @@ async fn a_guest_cannot_rename_or_evict_the_adapter_or_a_host_worker() {
     // Array data naming the adapter's and the victim's worker ids (which a guest that learnt
     // them, by the refusal above or otherwise, can send). The victim first: an attack that
     // takes the adapter down ends the sandbox with it.
-    let claim = attack(&stack, &id, &["claim", "guest-squatter", &victim_id]).await;
-    println!("array claims on the victim: {claim}");
-    let claim = attack(&stack, &id, &["claim", "guest-squatter-2", &adapter_id]).await;
-    println!("array claims on the adapter: {claim}");
+    let on_victim = attack(&stack, &id, &["claim", "guest-squatter", &victim_id]).await;
+    println!("array claims on the victim: {on_victim}");
+    let on_adapter = attack(&stack, &id, &["claim", "guest-squatter-2", &adapter_id]).await;
+    println!("array claims on the adapter: {on_adapter}");
     // What the engine does with an announcement is done once it has read it; give the
     // adapter and the victim the time to be refused and to go.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -369,6 +391,13 @@ async fn a_guest_cannot_rename_or_evict_the_adapter_or_a_host_worker() {
         failures.push(format!(
             "a refusal told the guest the adapter's worker id: {names}"
         ));
+    }
+    // Each form went out on a connection the engine's side greeted: the attacks reached as
+    // far as a guest can, so their failure is the guard's doing.
+    for claim in [&on_victim, &on_adapter] {
+        if claim["connected"] != 4 {
+            failures.push(format!("a claim's connections were not greeted: {claim}"));
+        }
     }
     if !stack.adapter.is_running() {
         failures.push("the adapter died".into());
@@ -647,4 +676,358 @@ async fn a_guest_cannot_reach_or_join_another_namespace() {
     );
     assert_adapter_serves(&mut stack, &other, "the namespace attack").await;
     tenant.shutdown_async().await;
+}
+
+/// The name `bus_attacks.py` has in a worker VM's Compose directory (its `/worker`).
+const WORKER_ATTACKS: &str = "/worker/attacks.py";
+
+/// A Compose directory holding `bus_attacks.py`, for worker VMs to run it from.
+fn attack_compose_dir() -> tempfile::TempDir {
+    let dir = e2e_tests::host_dir();
+    std::fs::write(dir.path().join("attacks.py"), ATTACKS).unwrap();
+    dir
+}
+
+/// Runs `command` in a new worker VM `vm_id` of the pysdk image over `compose` until its
+/// program ends (at most `within`), then the JSON lines of its log in order, and the log.
+/// Should the adapter stop answering, the log is read from the worker's state directory.
+async fn run_worker_vm(
+    stack: &Stack,
+    compose: &Path,
+    vm_id: &str,
+    command: Vec<String>,
+    within: Duration,
+) -> (Vec<Value>, String) {
+    worker_support::worker_ok(
+        stack,
+        "prepare",
+        json!({"vm_id": vm_id, "image": "pysdk", "host_path": compose}),
+    )
+    .await;
+    worker_support::worker_ok(stack, "start", json!({"vm_id": vm_id, "command": command})).await;
+    sandbox_support::eventually(within, || async {
+        match worker_support::worker(stack, "status", json!({ "vm_id": vm_id })).await {
+            Ok(status) => status["state"] != "running",
+            Err(_) => true,
+        }
+    })
+    .await;
+    let log = match worker_support::worker(stack, "logs", json!({ "vm_id": vm_id })).await {
+        Ok(logs) => logs["content"].as_str().unwrap_or_default().to_string(),
+        Err(_) => std::fs::read_to_string(
+            stack
+                .state_dir
+                .path()
+                .join("workers")
+                .join(vm_id)
+                .join("logs/worker.log"),
+        )
+        .unwrap_or_default(),
+    };
+    let lines = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (lines, log)
+}
+
+/// Runs `work` while another tenant's sandbox `other` execs `true` every 200 ms; what `work`
+/// gave, how many execs ran, and each one that failed.
+async fn serving_throughout<F: std::future::Future>(
+    stack: &Stack,
+    other: &str,
+    work: F,
+) -> (F::Output, usize, Vec<String>) {
+    let done = AtomicBool::new(false);
+    let run = async {
+        let outcome = work.await;
+        done.store(true, Ordering::SeqCst);
+        outcome
+    };
+    let probe = async {
+        let (mut ran, mut failed) = (0, Vec::new());
+        while !done.load(Ordering::SeqCst) {
+            let answer = sandbox_support::exec(stack, other, json!({"argv": ["true"]})).await;
+            ran += 1;
+            if !answer.as_ref().is_ok_and(|a| a["exit_code"] == 0) {
+                failed.push(format!("{answer:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        (ran, failed)
+    };
+    let (outcome, (ran, failed)) = tokio::join!(run, probe);
+    (outcome, ran, failed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_vm_cannot_rename_or_evict_the_adapter_or_a_host_worker() {
+    if !usable("a_worker_vm_cannot_rename_or_evict_the_adapter_or_a_host_worker") {
+        return;
+    }
+    let compose = attack_compose_dir();
+    let mut stack = worker_stack(compose.path(), json!({}), &[]).await;
+    let victim_calls = Arc::new(AtomicUsize::new(0));
+    let victim = host_worker(
+        &stack,
+        "victim-worker",
+        None,
+        &["victim::fn"],
+        victim_calls.clone(),
+    );
+    stack
+        .client
+        .wait_for_function("victim::fn", None, WAIT)
+        .await
+        .expect("the victim serves");
+    // The guard keeps `engine::workers::list` and the engine's refusals' `owner_worker_id`
+    // from a worker VM, so its guest is handed the ids on its command line: a guest that
+    // learnt them some other way. The engine must never see the messages that use them.
+    let adapter_id = worker_id(&stack, "sandbox-libkrun").await;
+    let victim_id = worker_id(&stack, "victim-worker").await;
+    let adapter_pid = stack.adapter.pid();
+    let other = create(&stack, "python", json!({})).await;
+
+    // The name variants, then array data naming the victim's worker id, then the adapter's
+    // (last: an attack that takes the adapter down ends the worker VM with it).
+    let script = format!(
+        "python3 {WORKER_ATTACKS} names sandbox-libkrun; \
+         python3 {WORKER_ATTACKS} claim guest-squatter \"$1\"; \
+         python3 {WORKER_ATTACKS} claim guest-squatter-2 \"$2\""
+    );
+    let command = ["/bin/sh", "-c", &script, "sh", &victim_id, &adapter_id]
+        .map(String::from)
+        .to_vec();
+    let ((lines, log), execs, exec_failures) = serving_throughout(
+        &stack,
+        &other,
+        run_worker_vm(
+            &stack,
+            compose.path(),
+            "attacker",
+            command,
+            Duration::from_secs(60),
+        ),
+    )
+    .await;
+    let names = lines
+        .iter()
+        .find(|l| l.get("variants").is_some())
+        .cloned()
+        .unwrap_or_else(|| panic!("no outcome of the name variants in the worker's log: {log}"));
+    let claims: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.get("connected").is_some())
+        .collect();
+    assert_eq!(
+        claims.len(),
+        2,
+        "the two claims' outcomes, in the worker's log: {log}"
+    );
+    println!(
+        "name variants: {names}\narray claims on the victim: {}\narray claims on the adapter: {}",
+        claims[0], claims[1]
+    );
+    // Every claim's connection got through the guard to the engine and was greeted: the
+    // attack reached as far as a worker VM's program can, so its failure is the guard's doing.
+    for claim in &claims {
+        assert_eq!(
+            claim["connected"], 4,
+            "a claim's connections were not greeted: {claim}"
+        );
+    }
+    // What the engine does with an announcement is done once it has read it; give the
+    // adapter and the victim the time to be refused and to go.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Every outcome is checked and reported together: one attack's success must not hide
+    // whether the others worked.
+    let mut failures: Vec<String> = Vec::new();
+    let listed = workers(&stack).await;
+    let entry = |wanted: &str| {
+        listed
+            .iter()
+            .find(|w| w["id"] == wanted)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    // The adapter's connection is the one it had: a refused connection would have made it
+    // announce itself again, under a new worker id.
+    if entry(&adapter_id)["name"] != "sandbox-libkrun" {
+        failures.push(format!(
+            "the adapter's worker was renamed or evicted: {}",
+            entry(&adapter_id)
+        ));
+    }
+    if entry(&victim_id)["name"] != "victim-worker" {
+        failures.push(format!(
+            "the victim worker was renamed or evicted: {}",
+            entry(&victim_id)
+        ));
+    }
+    let renamed: Vec<&Value> = listed
+        .iter()
+        .filter(|w| {
+            w["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("guest-renamed") || n.starts_with("guest-forged"))
+                || w["namespace"] == "guest-ns"
+        })
+        .collect();
+    if !renamed.is_empty() {
+        failures.push(format!("workers a guest renamed: {renamed:?}"));
+    }
+    match stack
+        .client
+        .invoke("victim::fn", json!({"n": 1}), WAIT)
+        .await
+    {
+        Ok(echoed) if echoed["echo"]["n"] == 1 => {}
+        other => failures.push(format!("the victim lost its function: {other:?}")),
+    }
+    if names.to_string().contains(&adapter_id) {
+        failures.push(format!(
+            "a refusal told the guest the adapter's worker id: {names}"
+        ));
+    }
+    if !stack.adapter.is_running() || stack.adapter.pid() != adapter_pid {
+        failures.push("the adapter died".into());
+    }
+    if execs == 0 || !exec_failures.is_empty() {
+        failures.push(format!(
+            "another tenant's execs failed during the attacks ({} of {execs}): {exec_failures:?}",
+            exec_failures.len()
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "the worker VM's name attacks worked:\n- {}\nthe worker's log: {log}\nthe adapter's log: {}",
+        failures.join("\n- "),
+        stack.adapter.log()
+    );
+    assert_adapter_serves(&mut stack, &other, "the worker VM's name attacks").await;
+    victim.shutdown_async().await;
+}
+
+/// The hooks `bus_attacks.py http` registers: three with the engine's credential, one without.
+const HOOKS: [&str; 4] = [
+    "guest::hook-bearer",
+    "guest::hook-apikey",
+    "guest::hook-hmac",
+    "guest::hook-plain",
+];
+
+/// Runs `bus_attacks.py http` against `bait` in a worker VM of `stack`, its credentials
+/// named by `variable`; meanwhile the host calls each hook the engine lists (an HTTP
+/// function's call is the engine's to send, whoever makes it). The guest's outcome and the
+/// hooks the engine listed.
+async fn http_from_worker_vm(
+    stack: &Stack,
+    compose: &Path,
+    bait: &Bait,
+    variable: &str,
+) -> (Value, Vec<String>) {
+    let url = format!("http://127.0.0.1:{}/collect", bait.port);
+    let command = ["python3", WORKER_ATTACKS, "http", &url, variable, "5"]
+        .map(String::from)
+        .to_vec();
+    let guest = run_worker_vm(stack, compose, "hooks", command, Duration::from_secs(60));
+    let host = async {
+        let mut listed: Vec<String> = Vec::new();
+        let until = tokio::time::Instant::now() + Duration::from_secs(8);
+        while tokio::time::Instant::now() < until {
+            for hook in functions(stack, None).await {
+                if HOOKS.contains(&hook.as_str()) && !listed.contains(&hook) {
+                    let answer = stack
+                        .client
+                        .invoke(&hook, json!({"from": "host"}), Duration::from_secs(5))
+                        .await;
+                    println!("the host's call of {hook}: {answer:?}");
+                    listed.push(hook);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        listed
+    };
+    let ((lines, log), listed) = tokio::join!(guest, host);
+    let outcome = lines
+        .into_iter()
+        .find(|l| l.get("answers").is_some())
+        .unwrap_or_else(|| panic!("no outcome of the HTTP attack in the worker's log: {log}"));
+    // The engine's request, if any, may still be on its way.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (outcome, listed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_vm_cannot_make_the_engine_send_requests() {
+    if !usable("a_worker_vm_cannot_make_the_engine_send_requests") {
+        return;
+    }
+    let secret = uuid_like();
+    let variable = format!("BUS_ATTACK_TOKEN_{}", &uuid_like()[..12]);
+    let compose = attack_compose_dir();
+    let mut stack = worker_stack(compose.path(), json!({}), &[(&variable, &secret)]).await;
+    let bait = Bait::start().await;
+    let other = create(&stack, "python", json!({})).await;
+
+    let (guest, listed) = http_from_worker_vm(&stack, compose.path(), &bait, &variable).await;
+    println!("the guest saw: {guest}\nhooks the engine listed: {listed:?}");
+    let heard = bait.heard();
+    assert!(
+        !heard.contains(&secret),
+        "the engine sent its secret to the guest's URL: {heard}"
+    );
+    assert_eq!(
+        bait.connections.load(Ordering::SeqCst),
+        0,
+        "the engine sent requests to the guest's URL: {heard}"
+    );
+    assert!(
+        listed.is_empty(),
+        "the engine took HTTP-invoked functions from a worker VM: {listed:?}"
+    );
+    // The guest was told: each registration refused, the connection kept.
+    let refused = guest["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["type"] == "registrationrejected")
+        .count();
+    assert_eq!(refused, HOOKS.len(), "{guest}");
+    assert_adapter_serves(&mut stack, &other, "the worker VM's HTTP-function attack").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_vm_allowed_http_functions_never_gets_the_engines_credentials() {
+    if !usable("a_worker_vm_allowed_http_functions_never_gets_the_engines_credentials") {
+        return;
+    }
+    let secret = uuid_like();
+    let variable = format!("BUS_ATTACK_TOKEN_{}", &uuid_like()[..12]);
+    let compose = attack_compose_dir();
+    let stack = worker_stack(
+        compose.path(),
+        json!({"worker_bus_http_functions": true}),
+        &[(&variable, &secret)],
+    )
+    .await;
+    let bait = Bait::start().await;
+
+    let (guest, listed) = http_from_worker_vm(&stack, compose.path(), &bait, &variable).await;
+    println!("the guest saw: {guest}\nhooks the engine listed: {listed:?}");
+    let heard = bait.heard();
+    // The hook without credentials is the operator's choice, and the engine calls it: the
+    // bait hears that call, so it would have heard the secret had one been sent.
+    assert_eq!(listed, ["guest::hook-plain"], "{guest}");
+    assert!(
+        bait.connections.load(Ordering::SeqCst) > 0 && heard.contains("/collect"),
+        "the engine never called the allowed hook: {guest}"
+    );
+    assert!(
+        !heard.contains(&secret),
+        "the engine sent its secret to the guest's URL: {heard}"
+    );
 }
