@@ -424,6 +424,17 @@ fn info_response() -> Value {
                 "handed_out": {"type": "integer", "minimum": 0},
                 "evicted": {"type": "integer", "minimum": 0},
             })),
+            "family": {
+                "description": "iii's sandbox family surface (docs/family.md); null when it is off",
+                "oneOf": [
+                    {"type": "null"},
+                    object(&["name", "prefix", "capabilities"], json!({
+                        "name": {"type": "string"},
+                        "prefix": {"type": "string"},
+                        "capabilities": {"type": "array", "items": {"type": "string"}},
+                    })),
+                ],
+            },
             "boots": object(&["on_create", "for_warm_pool"], json!({
                 "on_create": {"type": "integer", "minimum": 0},
                 "for_warm_pool": {"type": "integer", "minimum": 0},
