@@ -5,6 +5,7 @@
 //! (serde alone would not), and unknown keys are refused with the closest known one.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
@@ -76,6 +77,9 @@ pub struct Config {
     /// What every snapshot's files together may take on disk (`snapshot::create`, `fork`),
     /// in MiB; past it S400. 0 turns snapshots and fork off.
     pub max_snapshot_disk_mb: u64,
+    /// The host address exposed ports (`port::expose`) listen on: loopback by default, or
+    /// one of the host's own addresses, never the unspecified one (every interface).
+    pub expose_address: IpAddr,
 }
 
 /// `max_snapshot_disk_mb` when the configuration names none: 10 GiB.
@@ -120,6 +124,7 @@ impl Default for Config {
             bus: crate::bus::BusConfig::default(),
             max_paused_secs: DEFAULT_MAX_PAUSED_SECS,
             max_snapshot_disk_mb: DEFAULT_MAX_SNAPSHOT_DISK_MB,
+            expose_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
         }
     }
 }
@@ -180,6 +185,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "allow_unbounded_sandboxes",
     "max_paused_secs",
     "max_snapshot_disk_mb",
+    "expose_address",
     crate::bus::ACCESS_KEY,
     crate::bus::CALL_KEY,
     crate::bus::REGISTER_KEY,
@@ -299,6 +305,11 @@ impl Config {
         }
 
         keys.read("max_snapshot_disk_mb", &mut config.max_snapshot_disk_mb)?;
+        keys.read("expose_address", &mut config.expose_address)?;
+        check_expose_address(config.expose_address).map_err(|reason| ConfigError::WrongType {
+            key: "expose_address".into(),
+            reason,
+        })?;
 
         if let Some(name) = config
             .custom_images
@@ -370,6 +381,24 @@ impl Config {
         config.max_concurrent_exec_per_sandbox = config.max_concurrent_exec_per_sandbox.max(1);
         Ok(config)
     }
+}
+
+/// `expose_address` must be loopback or an address of this host: the unspecified address
+/// would put every exposed port on every interface, and a multicast one is no listener's.
+/// Whether the host holds it is asked of the kernel: a listener bound to it (and closed at
+/// once) succeeds only for a local address.
+fn check_expose_address(address: IpAddr) -> Result<(), String> {
+    if address.is_unspecified() {
+        return Err(format!(
+            "{address} would listen on every interface; name loopback or one host address"
+        ));
+    }
+    if address.is_multicast() {
+        return Err(format!("{address} is a multicast address"));
+    }
+    std::net::TcpListener::bind((address, 0))
+        .map(drop)
+        .map_err(|e| format!("{address} is not an address of this host ({e})"))
 }
 
 /// `warm_pool`: `{image: count}`, each count a non-negative integer, all of them together at
@@ -671,5 +700,28 @@ mod tests {
         assert_eq!(config.max_concurrent_sandboxes, 3);
         assert_eq!(config.per_image_caps["python"].max_memory_mb, Some(300));
         assert_eq!(config.registry_mirrors["docker.io"], "127.0.0.1:5000");
+    }
+
+    #[test]
+    fn expose_address_is_loopback_or_a_host_address() {
+        assert_eq!(
+            Config::default().expose_address,
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        let config = Config::from_json(&json!({"expose_address": "127.0.0.2"})).unwrap();
+        assert_eq!(config.expose_address.to_string(), "127.0.0.2");
+        for (value, says) in [
+            (json!("0.0.0.0"), "every interface"),
+            (json!("::"), "every interface"),
+            (json!("224.0.0.1"), "multicast"),
+            // TEST-NET-3: documentation only, never a host's.
+            (json!("203.0.113.9"), "not an address of this host"),
+            (json!("localhost"), "expose_address"),
+            (json!(8080), "expose_address"),
+        ] {
+            let error = error_of(json!({ "expose_address": value }));
+            assert!(error.contains("`expose_address`"), "{error}");
+            assert!(error.contains(says), "{value}: {error}");
+        }
     }
 }

@@ -64,6 +64,18 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             paused_response(),
         ),
         function(
+            "port::expose",
+            "Reach a server listening in a sandbox on a port from the host: answers its URL (the same one while it stays exposed); closed when the sandbox stops or pauses",
+            crate::ops::expose::port_request(),
+            crate::ops::expose::expose_response(),
+        ),
+        function(
+            "port::close",
+            "Close a sandbox's exposed port (idempotent); its open connections end",
+            crate::ops::expose::port_request(),
+            crate::ops::expose::close_response(),
+        ),
+        function(
             "snapshot::create",
             "Keep a running sandbox's files (image plus writable layer) as a named template; the sandbox is frozen while they are copied",
             snapshot_create_request(),

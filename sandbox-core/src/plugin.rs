@@ -165,6 +165,7 @@ impl<B: Backend> SandboxPlugin<B> {
             "snapshot::list" => Ok(ops::snapshot::list(&self)),
             "snapshot::delete" => ops::snapshot::delete(&self, payload),
             "fork" => ops::snapshot::fork(&self, payload).await,
+            f if f.starts_with("port::") => ops::expose::dispatch(&self, &f[6..], payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,
             other => Err(SandboxError::InvalidRequest(format!(

@@ -47,6 +47,8 @@ pub struct Sandbox {
     /// Held across a freeze or a thaw, so the two never interleave and a stop's thaw comes
     /// after any freeze already under way.
     transition: tokio::sync::Mutex<()>,
+    /// Its exposed ports (`port::expose`): closed on pause and stop.
+    pub exposures: crate::ops::expose::Exposures,
 }
 
 /// Held while an exec or fs call runs: the reaper leaves the sandbox alone meanwhile.
@@ -98,6 +100,7 @@ impl Sandbox {
             ended: watch::Sender::new(None),
             paused_since: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
+            exposures: crate::ops::expose::Exposures::default(),
         }
     }
 
@@ -115,7 +118,13 @@ impl Sandbox {
         if self.is_paused() {
             return Ok(());
         }
-        self.process.pause().await?;
+        // A frozen server would leave its exposed ports' clients hanging: they close first
+        // (refused while paused), and a failed freeze lets new ones open again.
+        self.exposures.suspend();
+        if let Err(e) = self.process.pause().await {
+            self.exposures.allow();
+            return Err(e);
+        }
         *lock(&self.paused_since) = Some(Instant::now());
         Ok(())
     }
@@ -129,6 +138,7 @@ impl Sandbox {
         }
         self.process.resume().await?;
         *lock(&self.paused_since) = None;
+        self.exposures.allow();
         self.touch();
         Ok(())
     }
@@ -162,7 +172,7 @@ impl Sandbox {
         cause
     }
 
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         *lock(&self.last_activity) = Instant::now();
     }
 

@@ -3,7 +3,7 @@
 //! they hold no slot), and the adapter-wide slots. Warm-pool sandboxes are not listed: they
 //! are nobody's yet; `pooled` counts the slots they hold, which yield to a create, so
 //! `remaining` leaves them out. `paused` says whether a sandbox's processes are frozen
-//! (`pause`).
+//! (`pause`), `exposed_ports` its open `port::expose` URLs.
 
 use std::time::SystemTime;
 
@@ -30,6 +30,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "stopped": s.is_stopped(),
                 "paused": s.is_paused(),
                 "bus_functions": plugin.buses.functions(s.id),
+                "exposed_ports": s.exposures.listing(),
             })
         })
         .chain(dead.into_iter().map(|dead| {

@@ -3,6 +3,7 @@
 pub mod catalog;
 pub mod create;
 pub mod exec;
+pub mod expose;
 pub mod fs;
 pub mod info;
 pub mod list;

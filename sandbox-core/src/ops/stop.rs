@@ -44,8 +44,10 @@ pub async fn stop<B: Backend>(
 
 /// Ends a sandbox taken out of the registry: its programs, its process, its layer.
 pub async fn teardown<B: Backend>(plugin: &SandboxPlugin<B>, sandbox: Arc<Sandbox>) {
-    // Off the bus first: its functions leave the engine before its programs end.
+    // Off the bus first: its functions leave the engine before its programs end. Its
+    // exposed ports close with it, so their URLs refuse connections at once.
     plugin.buses.close(sandbox.id);
+    sandbox.exposures.shut();
     let started = Instant::now();
     // A paused sandbox's agent cannot say goodbye: thaw it first (nothing freezes it again,
     // it is marked stopped). A thaw that fails leaves it to the kill, which thaws as well.
