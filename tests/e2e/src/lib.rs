@@ -535,3 +535,36 @@ pub fn strip_ansi(text: &str) -> String {
     }
     out
 }
+
+/// A directory holding the official Python iii-sdk at the version the fixtures pin
+/// (tests/fixtures/iii-sdk-py.txt, with hashes), installed with the host's pip once per test
+/// process, for `PYTHONPATH`; or why not (no pip, PyPI not reachable).
+pub fn python_sdk() -> Result<PathBuf, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("sandbox-examples-pysdk-{}", std::process::id()));
+        let out = Command::new("/usr/bin/python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(["--require-hashes", "--only-binary=:all:", "--target"])
+            .arg(&dir)
+            .arg("-r")
+            .arg(repo_root().join("tests/fixtures/iii-sdk-py.txt"))
+            .output()
+            .map_err(|e| format!("cannot run /usr/bin/python3 -m pip: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pip could not install the Python iii-sdk: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(dir)
+    })
+    .clone()
+}

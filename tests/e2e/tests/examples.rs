@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use e2e_tests::{bwrap_usable, repo_root, Stack};
+use e2e_tests::{bwrap_usable, python_sdk, repo_root, Stack};
 
 /// The fenced block after `<!-- expected-output FILE ... -->` in `readme`.
 fn expected_output(readme: &Path, file: &str) -> String {
@@ -27,39 +27,6 @@ fn expected_output(readme: &Path, file: &str) -> String {
         .unwrap_or_else(|| panic!("{}: no fenced block after the marker", readme.display()))
         .0;
     block.to_string()
-}
-
-/// A directory holding the official Python iii-sdk at the version the fixtures pin
-/// (tests/fixtures/iii-sdk-py.txt, with hashes), installed with the host's pip once per test
-/// process; or why not (no pip, PyPI not reachable).
-fn python_sdk() -> Result<PathBuf, String> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir =
-            std::env::temp_dir().join(format!("sandbox-examples-pysdk-{}", std::process::id()));
-        let out = Command::new("/usr/bin/python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(["--require-hashes", "--only-binary=:all:", "--target"])
-            .arg(&dir)
-            .arg("-r")
-            .arg(repo_root().join("tests/fixtures/iii-sdk-py.txt"))
-            .output()
-            .map_err(|e| format!("cannot run /usr/bin/python3 -m pip: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pip could not install the Python iii-sdk: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(dir)
-    })
-    .clone()
 }
 
 /// Runs `examples/python/<program>` with the official SDK against a fresh stack and checks its
