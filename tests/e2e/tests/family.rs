@@ -5,7 +5,8 @@
 //! stop twice and of ids nothing runs under); `capabilities[]` against what the engine lists;
 //! the adapter never registering a bare `sandbox::<leaf>`; errors keeping our S-code; and the
 //! provider name: `local` makes the adapter the router's default, empty turns the surface off,
-//! a malformed one is refused at start-up (exit 2).
+//! a malformed one is refused at start-up (exit 2). And a caller written with the official
+//! Python SDK (`family_caller.py`, where pip can install it) through the same router.
 
 mod family_support;
 
@@ -311,6 +312,65 @@ async fn the_abi_flow_through_the_router() {
         .await
         .expect("snapshot::delete under the family prefix");
     assert_eq!(deleted["deleted"], true, "{deleted}");
+    router.shutdown_async().await;
+}
+
+/// An iii user's caller, with the official Python SDK (`family_caller.py`), through the
+/// router: create, exec with `args`, `cwd` and `env`, binary bytes written with a mode and read
+/// back, list, stop twice and of an unknown id, and our S-code in a refusal's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_reaches_it_through_the_router() {
+    let test = "the_official_python_sdk_reaches_it_through_the_router";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let sdk = match e2e_tests::python_sdk() {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("\n*** {test} DID NOT RUN: {why} ***\n");
+            return;
+        }
+    };
+    let stack = Stack::start(json!({}), options(None)).await;
+    let router = family_support::start(&stack.engine.url(), "local");
+    for leaf in family_support::LEAVES {
+        wait_for(&stack, &format!("sandbox::{leaf}")).await;
+    }
+    let caller = e2e_tests::repo_root().join("tests/e2e/tests/family_caller.py");
+    let out = tokio::process::Command::new("/usr/bin/python3")
+        .arg(&caller)
+        .arg(stack.engine.url())
+        .arg("libkrun")
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "family_caller.py: {}\n{stdout}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        stack.adapter.log()
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("family_caller.py printed no JSON ({e}): {stdout}"));
+    assert_eq!(seen["create"]["image"], "python", "{seen}");
+    assert!(seen["create"]["capabilities"].is_array(), "{seen}");
+    assert_eq!(seen["exec"]["stdout"], "/tmp\nfrom python\n", "{seen}");
+    assert_eq!(seen["exec"]["exit_code"], 0, "{seen}");
+    assert_eq!(seen["exec"]["timed_out"], false, "{seen}");
+    assert_eq!(seen["read_back_equal"], true, "{seen}");
+    assert_eq!(seen["read_mode"], "0640", "{seen}");
+    assert_eq!(seen["list"]["reconciled"], true, "{seen}");
+    assert_eq!(seen["stops"], json!([{}, {}, {}]), "{seen}");
+    let refusal = seen["exec_after_stop"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("exec after stop answered: {seen}"));
+    assert!(
+        refusal.contains("S502") && refusal.contains("S004"),
+        "{refusal}"
+    );
     router.shutdown_async().await;
 }
 
