@@ -45,6 +45,7 @@ const TRANSLATED: &[(&str, &str)] = &[
     ("branch", "fork"),
     ("fs::read", "fs::read"),
     ("fs::write", "fs::write"),
+    ("expose_port", "port::expose"),
 ];
 
 /// The family table from ours: the ABI leaves whose function of ours is served, then every
@@ -128,6 +129,9 @@ pub async fn call<B: Backend>(
             Ok(read_reply(&reply, &bytes))
         }
         "fs::write" => ours("fs::write", write_request(payload)?).await,
+        // Ours already takes `{sandbox_id, port}` and answers `{url}` (with `port` and
+        // `host_port` beside it): only the name differs.
+        "expose_port" => ours("port::expose", payload).await,
         other => Arc::clone(plugin).ours(other.to_string(), payload).await,
     }
 }
@@ -494,6 +498,11 @@ fn abi_shapes(leaf: &str, ours: &FunctionSpec) -> (String, Value, Value) {
             ),
             ours.response_schema.clone(),
         ),
+        "expose_port" => (
+            "Reach a server listening in a sandbox on `port` from the host: `{url}` (ABI v0; our `port::expose`)".into(),
+            ours.request_schema.clone(),
+            ours.response_schema.clone(),
+        ),
         _ => (
             ours.description.clone(),
             ours.request_schema.clone(),
@@ -527,6 +536,7 @@ mod tests {
             "branch",
             "fs::read",
             "fs::write",
+            "expose_port",
         ] {
             assert_eq!(ids.iter().filter(|id| **id == leaf).count(), 1, "{leaf}");
         }
@@ -563,31 +573,29 @@ mod tests {
 
     #[test]
     fn capabilities_follow_the_table() {
-        let family = specs(&ours());
-        assert_eq!(capabilities(&family), vec!["fs", "snapshot", "branch"]);
-        let spec = |id: &str| FunctionSpec {
-            id: id.into(),
-            description: String::new(),
-            request_schema: json!({}),
-            response_schema: json!({}),
-            token_guarded: false,
-        };
-        let mut with_port = family.clone();
-        with_port.push(spec("expose_port"));
+        let all = ours();
         assert_eq!(
-            capabilities(&with_port),
+            capabilities(&specs(&all)),
             vec!["fs", "snapshot", "branch", "expose_port"]
         );
-        let without_write: Vec<FunctionSpec> = family
-            .into_iter()
-            .filter(|f| f.id != "fs::write" && f.id != "fork" && f.id != "branch")
-            .collect();
-        assert_eq!(capabilities(&without_write), vec!["snapshot"]);
-        let no_snapshot: Vec<FunctionSpec> = ours()
-            .into_iter()
-            .filter(|f| f.id != "snapshot::create")
-            .collect();
-        assert!(!capabilities(&specs(&no_snapshot)).contains(&"snapshot"));
+        let without = |gone: &[&str]| -> Vec<FunctionSpec> {
+            all.iter()
+                .filter(|f| !gone.contains(&f.id.as_str()))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(
+            capabilities(&specs(&without(&["port::expose"]))),
+            vec!["fs", "snapshot", "branch"]
+        );
+        assert_eq!(
+            capabilities(&specs(&without(&["fs::write", "fork"]))),
+            vec!["snapshot", "expose_port"]
+        );
+        assert_eq!(
+            capabilities(&specs(&without(&["snapshot::create"]))),
+            vec!["fs", "branch", "expose_port"]
+        );
     }
 
     #[test]
