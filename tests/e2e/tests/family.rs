@@ -2,7 +2,7 @@
 //! a `sandbox` router (our stand-in, `family_support`, written from the ABI), which calls
 //! `sandbox::provider::<name>::*`. The whole ABI v0 flow (create, exec with args, cwd and env,
 //! list, fs write and read of binary bytes with a mode, snapshot and a create from it, branch,
-//! stop twice and of ids nothing runs under); `capabilities[]` against what the engine lists;
+//! expose_port, stop twice and of ids nothing runs under); `capabilities[]` against what the engine lists;
 //! the adapter never registering a bare `sandbox::<leaf>`; errors keeping our S-code; and the
 //! provider name: `local` makes the adapter the router's default, empty turns the surface off,
 //! a malformed one is refused at start-up (exit 2). And a caller written with the official
@@ -99,6 +99,30 @@ async fn read_bytes(stack: &Stack, id: &str, path: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(read["bytes_base64"].as_str().expect("bytes_base64"))
         .expect("base64")
+}
+
+/// `GET path` of `url` (`http://host:port`), retried for 20 s while the server starts.
+async fn http_get(url: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut last = String::new();
+    for _ in 0..200 {
+        match tokio::net::TcpStream::connect(address).await {
+            Ok(mut stream) => {
+                let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+                let mut answer = String::new();
+                let sent = stream.write_all(request.as_bytes()).await;
+                let read = stream.read_to_string(&mut answer).await;
+                if sent.is_ok() && read.is_ok() && answer.starts_with("HTTP/1.0 200") {
+                    return answer;
+                }
+                last = format!("{sent:?} {read:?} {answer}");
+            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("GET {url}{path}: {last}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,6 +274,26 @@ async fn the_abi_flow_through_the_router() {
             bytes
         );
     }
+
+    // expose_port: our port::expose under the ABI's name; the URL reaches a server inside.
+    ok(
+        &stack,
+        "libkrun",
+        "exec",
+        json!({"sandbox_id": id, "cmd": "sh", "args": ["-c",
+               "cd /opt/family && setsid python3 -m http.server 8000 >/dev/null 2>&1 &"]}),
+    )
+    .await;
+    let exposed = ok(
+        &stack,
+        "libkrun",
+        "expose_port",
+        json!({"sandbox_id": id, "port": 8000}),
+    )
+    .await;
+    let url = exposed["url"].as_str().expect("url").to_string();
+    let listing = http_get(&url, "/").await;
+    assert!(listing.contains("blob.bin"), "{url}: {listing}");
 
     // stop: twice, then ids nothing runs under; all `{}`.
     assert_eq!(
