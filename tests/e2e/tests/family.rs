@@ -2,9 +2,9 @@
 //! a `sandbox` router (our stand-in, `family_support`, written from the ABI), which calls
 //! `sandbox::provider::<name>::*`. The whole ABI v0 flow (create, exec with args, cwd and env,
 //! list, fs write and read of binary bytes with a mode, snapshot and a create from it, branch,
-//! expose_port, stop twice and of ids nothing runs under); `capabilities[]` against what the engine lists;
-//! the adapter never registering a bare `sandbox::<leaf>`; errors keeping our S-code; and the
-//! provider name: `local` makes the adapter the router's default, empty turns the surface off,
+//! expose_port, stop twice and of ids nothing runs under); `capabilities[]` against what the
+//! engine lists; the adapter never registering a bare `sandbox::<leaf>`; errors keeping our
+//! S-code; and the provider name: `local` makes the adapter the router's default, empty turns the surface off,
 //! a malformed one is refused at start-up (exit 2). And a caller written with the official
 //! Python SDK (`family_caller.py`, where pip can install it) through the same router.
 
