@@ -92,14 +92,14 @@ pub async fn call<B: Backend>(
             let asked = string_field(&payload, "image")?;
             let snapshot_image = snapshot_image(plugin, &asked, &payload);
             let request = create_request(payload, snapshot_image)?;
-            let from_snapshot = request.get("snapshot").and_then(Value::as_str).is_some();
+            let snapshot = request.get("snapshot").cloned();
             let reply = ours("create", request).await?;
             let started_at =
                 chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
             Ok(create_reply(
                 reply,
                 &asked,
-                from_snapshot,
+                snapshot,
                 started_at,
                 &plugin.family_capabilities,
             ))
@@ -192,17 +192,18 @@ fn create_request(payload: Value, snapshot_image: Option<String>) -> Result<Valu
 }
 
 /// Ours (`{sandbox_id, image}`) in the ABI's shape: `image` as the caller gave it (a
-/// snapshot's id stays one; `snapshot` then says so), when it started, what it can do.
+/// snapshot's id stays one), `snapshot` when the sandbox started from one, when it started,
+/// what it can do.
 fn create_reply(
     reply: Value,
     asked: &str,
-    from_snapshot: bool,
+    snapshot: Option<Value>,
     started_at: String,
     capabilities: &[&str],
 ) -> Value {
     let mut reply = reply;
-    if from_snapshot {
-        reply["snapshot"] = Value::String(asked.to_string());
+    if let Some(snapshot) = snapshot {
+        reply["snapshot"] = snapshot;
     }
     reply["image"] = Value::String(asked.to_string());
     reply["started_at"] = Value::String(started_at);
@@ -615,7 +616,7 @@ mod tests {
         let reply = create_reply(
             json!({"sandbox_id": "u", "image": "python"}),
             "snap-1",
-            true,
+            Some(json!("snap-1")),
             "2026-01-02T03:04:05.678Z".into(),
             &["fs", "snapshot"],
         );
@@ -624,6 +625,24 @@ mod tests {
             json!({"sandbox_id": "u", "image": "snap-1", "snapshot": "snap-1",
                    "started_at": "2026-01-02T03:04:05.678Z", "capabilities": ["fs", "snapshot"]})
         );
+        // Our own `snapshot` field, with the image named: the reply names the snapshot.
+        let ours = create_reply(
+            json!({"sandbox_id": "u", "image": "python"}),
+            "python",
+            Some(json!("mine")),
+            "t".into(),
+            &[],
+        );
+        assert_eq!(ours["image"], "python");
+        assert_eq!(ours["snapshot"], "mine");
+        let plain = create_reply(
+            json!({"sandbox_id": "u", "image": "python"}),
+            "python",
+            None,
+            "t".into(),
+            &[],
+        );
+        assert!(plain.get("snapshot").is_none(), "{plain}");
     }
 
     #[test]
