@@ -47,7 +47,7 @@ pub struct Sandbox {
     /// Held across a freeze or a thaw, so the two never interleave and a stop's thaw comes
     /// after any freeze already under way.
     transition: tokio::sync::Mutex<()>,
-    /// Its exposed ports (`port::expose`): closed on pause and stop.
+    /// Its exposed ports (`port::expose`): closed by `pause` (see `ops::pause`) and stop.
     pub exposures: crate::ops::expose::Exposures,
 }
 
@@ -118,13 +118,7 @@ impl Sandbox {
         if self.is_paused() {
             return Ok(());
         }
-        // A frozen server would leave its exposed ports' clients hanging: they close first
-        // (refused while paused), and a failed freeze lets new ones open again.
-        self.exposures.suspend();
-        if let Err(e) = self.process.pause().await {
-            self.exposures.allow();
-            return Err(e);
-        }
+        self.process.pause().await?;
         *lock(&self.paused_since) = Some(Instant::now());
         Ok(())
     }
@@ -138,7 +132,6 @@ impl Sandbox {
         }
         self.process.resume().await?;
         *lock(&self.paused_since) = None;
-        self.exposures.allow();
         self.touch();
         Ok(())
     }

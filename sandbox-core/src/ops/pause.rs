@@ -2,6 +2,7 @@
 //! continued. While paused, a sandbox uses no CPU, its idle timer does not run, `list` shows
 //! `paused: true`, and it is stopped once paused for `max_paused_secs`. An `exec` or `fs::*`
 //! call on a paused sandbox resumes it first ([`wake`]); `stop` thaws it to tear it down.
+//! A pause closes the sandbox's exposed ports; a resume does not reopen them.
 
 use std::sync::Arc;
 
@@ -24,10 +25,14 @@ pub async fn pause<B: Backend>(
     payload: Value,
 ) -> Result<Value, SandboxError> {
     let sandbox = target(plugin, payload)?;
-    sandbox
-        .pause()
-        .await
-        .map_err(|e| on_backend(plugin.backend.name(), e))?;
+    // A frozen server would leave its exposed ports' clients hanging: the exposures close
+    // first (connections refused while paused), and a failed freeze lets new ones open again.
+    // Only here: a snapshot's brief freeze keeps them.
+    sandbox.exposures.suspend();
+    if let Err(e) = sandbox.pause().await {
+        sandbox.exposures.allow();
+        return Err(on_backend(plugin.backend.name(), e));
+    }
     tracing::info!(sandbox_id = %sandbox.id, "paused");
     Ok(json!({"sandbox_id": sandbox.id.to_string(), "paused": true}))
 }
@@ -41,6 +46,8 @@ pub async fn resume<B: Backend>(
         .resume()
         .await
         .map_err(|e| on_backend(plugin.backend.name(), e))?;
+    // Ports may be exposed again; the ones the pause closed stay closed.
+    sandbox.exposures.allow();
     Ok(json!({"sandbox_id": sandbox.id.to_string(), "paused": false}))
 }
 
@@ -73,5 +80,7 @@ pub async fn wake(sandbox: &Sandbox) -> Result<(), SandboxError> {
         return Ok(());
     }
     tracing::info!(sandbox_id = %sandbox.id, "a call on the paused sandbox resumes it");
-    sandbox.resume().await
+    sandbox.resume().await?;
+    sandbox.exposures.allow();
+    Ok(())
 }

@@ -276,6 +276,20 @@ async fn a_page_and_a_websocket_cross_the_url_and_nothing_else_does() {
             .is_some());
         assert!(get(address, "/index.html").await.unwrap().ends_with(PAGE));
 
+        // A snapshot's brief freeze is no pause: the URL keeps serving.
+        let name = format!("expose-{network}");
+        let snapshot = json!({"sandbox_id": id, "name": name});
+        match stack.call("snapshot::create", snapshot).await {
+            Ok(_) => {
+                let page = get(address, "/index.html")
+                    .await
+                    .expect("GET after a snapshot");
+                assert!(page.ends_with(PAGE), "{page}");
+                let _ = stack.call("snapshot::delete", json!({"name": name})).await;
+            }
+            Err(e) => println!("snapshot freeze not checked: {e:?}"),
+        }
+
         // Pause closes every exposure (refused, not hanging); a resume does not reopen them.
         match stack.call("pause", json!({"sandbox_id": id})).await {
             Ok(_) => {
