@@ -9,6 +9,11 @@
 //!                                    └────────────────────────────────┘
 //! ```
 //!
+//! The link's addresses are those of the first candidates ([`Link`]); a host that routes
+//! 10.0.2.0/24 or fd00::/64 itself (QEMU's user networking, a network numbered in fd00::/64)
+//! gets another /24 or /64 the host does not use, so the gate's route to the sandbox never
+//! shadows one to the host's neighbours that pasta copied into it.
+//!
 //! The sandbox's namespaces belong to a user namespace nested in the starter's (the same ids,
 //! mapped one to one), so the sandbox's root, whatever capabilities it keeps or regains there,
 //! holds none over the gate: it can neither enter it nor change its rules. Every packet the
@@ -33,8 +38,8 @@ use crate::dns::Listeners;
 use crate::forward::{self, BusForwarder};
 use crate::netns::{self, DnsProxy, PastaStarter};
 use crate::network::{
-    NetworkSetup, DNS_PROXY_PORT, GATE_IF, GATE_V4, GATE_V6, LINK_MTU, SANDBOX_IF, SANDBOX_V4,
-    SANDBOX_V6,
+    Link, NetworkSetup, DNS_PROXY_PORT, GATE_IF, LINK_MTU, LINK_PREFIX_V4, LINK_PREFIX_V6,
+    SANDBOX_IF,
 };
 use crate::rtnetlink::Rtnetlink;
 
@@ -49,6 +54,9 @@ pub fn connect_gated(
     log: &str,
     ids: u32,
 ) -> Result<(), String> {
+    let link = setup
+        .link
+        .ok_or("the network set-up names no link between the sandbox and its gate")?;
     // Forked while this process is in the host's network namespace: the proxy's sockets to the
     // resolvers and the forwarder's to the bus are made there.
     let proxy =
@@ -68,8 +76,8 @@ pub fn connect_gated(
     let v6 = std::path::Path::new("/proc/net/if_inet6").exists();
     enable_forwarding(v6)?;
     let inner = nested_namespaces(ids, CloneFlags::CLONE_NEWNET)?;
-    link_gate(inner.pid(), v6).map_err(|e| format!("cannot link the gate: {e}"))?;
-    proxy.hand_over(dns_listeners(v6)?)?;
+    link_gate(inner.pid(), v6, &link).map_err(|e| format!("cannot link the gate: {e}"))?;
+    proxy.hand_over(dns_listeners(v6, &link)?)?;
     netns::attach_pasta(starter, setup, log, nix::unistd::getpid())?;
     let routed_v6 = v6 && netns::has_v6_default_route();
     rules.wait()?;
@@ -78,7 +86,7 @@ pub fn connect_gated(
     enter(&inner, "user", CloneFlags::CLONE_NEWUSER)?;
     enter(&inner, "net", CloneFlags::CLONE_NEWNET)?;
     drop(inner);
-    link_sandbox(routed_v6).map_err(|e| format!("cannot set up the sandbox's link: {e}"))?;
+    link_sandbox(routed_v6, &link).map_err(|e| format!("cannot set up the sandbox's link: {e}"))?;
     if let (Some(forwarder), Some(line)) = (forwarder, setup.bus_forward) {
         forwarder.hand_over(&forward::listeners(line.port)?)?;
     }
@@ -163,47 +171,43 @@ fn enable_forwarding(v6: bool) -> Result<(), String> {
 
 /// Makes the link, its sandbox end moved into `sandbox_pid`'s network namespace, and gives the
 /// gate's end its addresses.
-fn link_gate(sandbox_pid: i32, v6: bool) -> std::io::Result<()> {
+fn link_gate(sandbox_pid: i32, v6: bool, link: &Link) -> std::io::Result<()> {
     let mut netlink = Rtnetlink::open()?;
     let pid = u32::try_from(sandbox_pid).map_err(std::io::Error::other)?;
     netlink.add_veth(GATE_IF, SANDBOX_IF, LINK_MTU, pid)?;
-    netlink.add_address(GATE_IF, address(GATE_V4)?, 24)?;
+    netlink.add_address(GATE_IF, link.gate_v4().into(), LINK_PREFIX_V4)?;
     if v6 {
-        netlink.add_address(GATE_IF, address(GATE_V6)?, 64)?;
+        netlink.add_address(GATE_IF, link.gate_v6().into(), LINK_PREFIX_V6)?;
     }
     netlink.set_up(GATE_IF)
 }
 
 /// Addresses the sandbox's end and routes through the gate (called in the sandbox's network
 /// namespace).
-fn link_sandbox(v6: bool) -> std::io::Result<()> {
+fn link_sandbox(v6: bool, link: &Link) -> std::io::Result<()> {
     netns::loopback_up()?;
     let mut netlink = Rtnetlink::open()?;
-    netlink.add_address(SANDBOX_IF, address(SANDBOX_V4)?, 24)?;
+    netlink.add_address(SANDBOX_IF, link.sandbox_v4().into(), LINK_PREFIX_V4)?;
     netlink.set_up(SANDBOX_IF)?;
-    netlink.add_default_route(address(GATE_V4)?, SANDBOX_IF)?;
+    netlink.add_default_route(link.gate_v4().into(), SANDBOX_IF)?;
     if v6 {
-        netlink.add_address(SANDBOX_IF, address(SANDBOX_V6)?, 64)?;
-        netlink.add_default_route(address(GATE_V6)?, SANDBOX_IF)?;
+        netlink.add_address(SANDBOX_IF, link.sandbox_v6().into(), LINK_PREFIX_V6)?;
+        netlink.add_default_route(link.gate_v6().into(), SANDBOX_IF)?;
     }
     Ok(())
 }
 
-fn address(text: &str) -> std::io::Result<std::net::IpAddr> {
-    text.parse().map_err(std::io::Error::other)
-}
-
 /// The resolver proxy's sockets, on the gate's addresses (where the gate redirects every
 /// query the sandbox sends).
-fn dns_listeners(v6: bool) -> Result<Listeners, String> {
+fn dns_listeners(v6: bool, link: &Link) -> Result<Listeners, String> {
     let bound = |e: std::io::Error| format!("cannot listen for the sandbox's DNS: {e}");
-    let v4: std::net::Ipv4Addr = GATE_V4.parse().map_err(|_| "bad gate address")?;
+    let v4 = link.gate_v4();
     let mut listeners = Listeners {
         udp: vec![std::net::UdpSocket::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
         tcp: vec![std::net::TcpListener::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
     };
     if v6 {
-        let v6: std::net::Ipv6Addr = GATE_V6.parse().map_err(|_| "bad gate address")?;
+        let v6 = link.gate_v6();
         listeners
             .udp
             .push(std::net::UdpSocket::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);

@@ -507,7 +507,7 @@ mod tests {
             run(
                 &nft,
                 &["-f", "-"],
-                &crate::network::gate_ruleset(&egress, &[stale]),
+                &crate::network::gate_ruleset(&egress, &[stale], &Default::default()),
             );
             let listing = || {
                 run(&nft, &["list", "set", "inet", "iii_egress", "host_v4"], "")

@@ -26,10 +26,10 @@
 //! name: nothing answers there but the redirect.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{default_denied, Egress};
@@ -39,17 +39,34 @@ pub const DNS_FORWARD: &str = "169.254.1.53";
 /// Where the proxy listens inside the sandbox's namespace (127.0.0.1 and ::1), the target
 /// of the redirect.
 pub const DNS_PROXY_PORT: u16 = 53;
-/// The gate's side of the link between a bwrap sandbox and its gate namespace (the addresses
-/// and names slirp4netns gives a guest: 10.0.2.0/24 and fd00::/64, gateway .2).
+/// The gate's side of the link between a bwrap sandbox and its gate namespace.
 pub const GATE_IF: &str = "iii-gate";
-pub const GATE_V4: &str = "10.0.2.2";
-pub const GATE_V6: &str = "fd00::2";
 /// The sandbox's side of that link.
 pub const SANDBOX_IF: &str = "eth0";
-pub const SANDBOX_V4: &str = "10.0.2.100";
-pub const SANDBOX_V6: &str = "fd00::100";
-pub const LINK_V4: &str = "10.0.2.0/24";
-pub const LINK_V6: &str = "fd00::/64";
+/// The link's prefixes are a /24 and a /64 ([`Link`]).
+pub const LINK_PREFIX_V4: u8 = 24;
+pub const LINK_PREFIX_V6: u8 = 64;
+/// Where the link's prefixes are picked from, in order: the first that overlaps none of the
+/// host's routes and addresses. First slirp4netns's numbering (10.0.2.0/24, fd00::/64: gateway
+/// .2, guest .100), then ranges few networks use. The gate holds the host's routes as pasta
+/// copied them: a link prefix a host route also covers would send the sandbox's packets for
+/// the host's neighbours (its IPv6 gateway on a host numbered in fd00::/64, say) back to the
+/// sandbox.
+pub const LINK_CANDIDATES_V4: &[&str] = &[
+    "10.0.2.0/24",
+    "172.30.253.0/24",
+    "192.168.253.0/24",
+    "10.253.0.0/24",
+];
+pub const LINK_CANDIDATES_V6: &[&str] = &[
+    "fd00::/64",
+    "fd69:6969:6969::/64",
+    "fdd5:2b0e:7c1a::/64",
+    "fd3e:9a47:e602::/64",
+];
+/// The configuration keys that name the link's prefixes instead of the candidates.
+pub const LINK_KEY_V4: &str = "network_link_v4";
+pub const LINK_KEY_V6: &str = "network_link_v6";
 /// pasta's own MTU: frames as large as pasta takes cross the link whole.
 pub const LINK_MTU: u32 = 65520;
 /// What the gate never forwards, whatever the lists say: the loopback ranges (the kernel
@@ -145,6 +162,227 @@ pub struct BusForward {
     pub to: SocketAddr,
 }
 
+/// The link between a bwrap sandbox and its gate: an IPv4 /24 and an IPv6 /64, the gate at .2
+/// and ::2 of them, the sandbox at .100 and ::100 (as slirp4netns numbers its guests). Picked
+/// when a sandbox's set-up is made ([`Link::choose`]) and carried to its starter in the set-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    /// The IPv4 /24's network address.
+    pub v4: Ipv4Addr,
+    /// The IPv6 /64's network address.
+    pub v6: Ipv6Addr,
+}
+
+/// The link's prefixes the configuration names (`network_link_v4`, `network_link_v6`) instead
+/// of the candidates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkPrefixes {
+    pub v4: Option<Ipv4Net>,
+    pub v6: Option<Ipv6Net>,
+}
+
+impl LinkPrefixes {
+    /// Takes `text` as the configured prefix of `key` ([`LINK_KEY_V4`] or [`LINK_KEY_V6`]),
+    /// as [`parse_link_prefix`] accepts it.
+    pub fn configure(&mut self, key: &str, text: &str, host: &[IpNet]) -> Result<(), String> {
+        match parse_link_prefix(key, text, key == LINK_KEY_V6, host)? {
+            IpNet::V4(net) => self.v4 = Some(net),
+            IpNet::V6(net) => self.v6 = Some(net),
+        }
+        Ok(())
+    }
+}
+
+impl Default for Link {
+    /// The first candidates (slirp4netns's numbering).
+    fn default() -> Self {
+        Link {
+            v4: Ipv4Addr::new(10, 0, 2, 0),
+            v6: Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0),
+        }
+    }
+}
+
+impl Link {
+    /// The configured prefixes, else for each family the first candidate that overlaps
+    /// nothing of `host` (the host's routes and addresses, [`host_routes`]). A configured
+    /// prefix that overlaps `host` is refused, as is a host that leaves no candidate free.
+    pub fn choose(configured: &LinkPrefixes, host: &[IpNet]) -> Result<Link, String> {
+        let v4 = pick(
+            configured.v4.map(IpNet::V4),
+            LINK_CANDIDATES_V4,
+            LINK_KEY_V4,
+            host,
+        )?;
+        let v6 = pick(
+            configured.v6.map(IpNet::V6),
+            LINK_CANDIDATES_V6,
+            LINK_KEY_V6,
+            host,
+        )?;
+        match (v4, v6) {
+            (IpNet::V4(v4), IpNet::V6(v6)) => Ok(Link {
+                v4: v4.network(),
+                v6: v6.network(),
+            }),
+            _ => Err("a link prefix of the wrong family".into()),
+        }
+    }
+
+    pub fn net_v4(&self) -> Ipv4Net {
+        Ipv4Net::new_assert(self.v4, LINK_PREFIX_V4)
+    }
+
+    pub fn net_v6(&self) -> Ipv6Net {
+        Ipv6Net::new_assert(self.v6, LINK_PREFIX_V6)
+    }
+
+    pub fn gate_v4(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.v4) | 2)
+    }
+
+    pub fn gate_v6(&self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.v6) | 2)
+    }
+
+    pub fn sandbox_v4(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.v4) | 100)
+    }
+
+    pub fn sandbox_v6(&self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.v6) | 0x100)
+    }
+}
+
+/// `configured` when it overlaps nothing of `host`, else without one the first of
+/// `candidates` that does not.
+fn pick(
+    configured: Option<IpNet>,
+    candidates: &[&str],
+    key: &str,
+    host: &[IpNet],
+) -> Result<IpNet, String> {
+    if let Some(net) = configured {
+        return match overlapping(net, host) {
+            Some(used) => Err(format!(
+                "`{key}` {net} overlaps the host's {used}: the gate would route a sandbox's packets for the host's neighbours back to the sandbox; name a prefix this host does not use"
+            )),
+            None => Ok(net),
+        };
+    }
+    candidates
+        .iter()
+        .filter_map(|candidate| candidate.parse::<IpNet>().ok())
+        .find(|candidate| overlapping(*candidate, host).is_none())
+        .ok_or_else(|| {
+            format!(
+                "every candidate for the sandboxes' link ({}) overlaps one of the host's routes or addresses; name a free prefix in `{key}`",
+                candidates.join(", ")
+            )
+        })
+}
+
+/// The first of `host` that shares an address with `net`.
+pub fn overlapping(net: IpNet, host: &[IpNet]) -> Option<IpNet> {
+    host.iter()
+        .copied()
+        .find(|used| used.contains(&net.network()) || net.contains(&used.network()))
+}
+
+/// `text` as a link prefix of the configuration's `key`: a /24 (`v6`: a /64) written as its
+/// network address, of no special range (loopback, link-local, multicast, unspecified), and
+/// overlapping nothing of `host`.
+pub fn parse_link_prefix(key: &str, text: &str, v6: bool, host: &[IpNet]) -> Result<IpNet, String> {
+    let (want, example) = if v6 {
+        (LINK_PREFIX_V6, LINK_CANDIDATES_V6[1])
+    } else {
+        (LINK_PREFIX_V4, LINK_CANDIDATES_V4[1])
+    };
+    let net: IpNet = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a CIDR (e.g. {example:?})"))?;
+    if matches!(net, IpNet::V6(_)) != v6 || net.prefix_len() != want {
+        return Err(format!(
+            "{text:?} is not an IPv{} /{want} (e.g. {example:?})",
+            if v6 { 6 } else { 4 }
+        ));
+    }
+    if net.addr() != net.network() {
+        return Err(format!(
+            "{text:?} has host bits set (its network is {})",
+            net.trunc()
+        ));
+    }
+    let special = [
+        "0.0.0.0/8",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "224.0.0.0/3",
+        "::/8",
+        "fe80::/10",
+        "ff00::/8",
+    ];
+    if let Some(range) = special
+        .iter()
+        .filter_map(|range| range.parse::<IpNet>().ok())
+        .find(|range| range.contains(&net))
+    {
+        return Err(format!("{net} is in the special range {range}"));
+    }
+    pick(Some(net), &[], key, host)
+}
+
+/// The host's routes (every one but a default route) and its addresses: what a sandbox's link
+/// must not overlap. Read anew for each sandbox (two files of /proc and the host's addresses:
+/// microseconds), so that a route the host gained since the adapter started is avoided by the
+/// sandboxes created after it. The main table is the one pasta copies into a gate.
+pub fn host_routes() -> Vec<IpNet> {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let mut nets = routes_v4(&read("/proc/net/route"));
+    nets.extend(routes_v6(&read("/proc/net/ipv6_route")));
+    nets.extend(host_addresses().into_iter().map(IpNet::from));
+    nets
+}
+
+/// The destinations of `/proc/net/route` (each a native-endian hex word of the address's
+/// bytes), default routes left out.
+fn routes_v4(text: &str) -> Vec<IpNet> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let word = |i: usize| u32::from_str_radix(fields.get(i)?, 16).ok();
+            let (destination, mask) = (word(1)?, word(7)?);
+            let prefix = u8::try_from(mask.count_ones()).ok()?;
+            let address = Ipv4Addr::from(destination.to_ne_bytes());
+            (prefix > 0).then(|| {
+                Ipv4Net::new(address, prefix)
+                    .ok()
+                    .map(|n| IpNet::V4(n.trunc()))
+            })?
+        })
+        .collect()
+}
+
+/// The destinations of `/proc/net/ipv6_route` (the address in hex, then its prefix length in
+/// hex), default routes left out.
+fn routes_v6(text: &str) -> Vec<IpNet> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let destination = u128::from_str_radix(fields.next()?, 16).ok()?;
+            let prefix = u8::from_str_radix(fields.next()?, 16).ok()?;
+            let address = Ipv6Addr::from(destination);
+            (prefix > 0).then(|| {
+                Ipv6Net::new(address, prefix)
+                    .ok()
+                    .map(|n| IpNet::V6(n.trunc()))
+            })?
+        })
+        .collect()
+}
+
 /// What the launcher needs to give a sandbox its network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkSetup {
@@ -166,12 +404,15 @@ pub struct NetworkSetup {
     pub run_as: Option<(u32, u32)>,
     /// The sandbox's resolver proxy.
     pub dns: DnsSetup,
+    /// Behind a gate: the link between the sandbox and its gate.
+    pub link: Option<Link>,
 }
 
 impl NetworkSetup {
     /// The setup for `egress`, denying the host's own addresses too. `run_as`: the host ids
     /// pasta runs as when the adapter is root (the sandbox's root, which owns the sandbox's
-    /// user namespace); an ordinary user's pasta keeps that user's.
+    /// user namespace); an ordinary user's pasta keeps that user's. Behind a gate, the link
+    /// is the first candidates' ([`Link::default`]); see [`NetworkSetup::linked`].
     pub fn new(
         nft: String,
         pasta: String,
@@ -179,6 +420,28 @@ impl NetworkSetup {
         host_addrs: &[IpAddr],
         run_as: Option<(u32, u32)>,
         boundary: Boundary,
+    ) -> Self {
+        Self::linked(
+            nft,
+            pasta,
+            egress,
+            host_addrs,
+            run_as,
+            boundary,
+            Link::default(),
+        )
+    }
+
+    /// [`NetworkSetup::new`] with `link` between a sandbox and its gate (unused by a starter
+    /// that holds the rules itself).
+    pub fn linked(
+        nft: String,
+        pasta: String,
+        egress: &Egress,
+        host_addrs: &[IpAddr],
+        run_as: Option<(u32, u32)>,
+        boundary: Boundary,
+        link: Link,
     ) -> Self {
         // A worker VM's straight line to an engine on the host's loopback, or a sandbox's
         // line to its bus guard.
@@ -219,7 +482,7 @@ impl NetworkSetup {
         });
         let rules = match boundary {
             Boundary::Starter => ruleset(egress, host_addrs),
-            Boundary::Gate => gate_ruleset(egress, host_addrs),
+            Boundary::Gate => gate_ruleset(egress, host_addrs, &link),
         };
         NetworkSetup {
             nft,
@@ -231,6 +494,7 @@ impl NetworkSetup {
             bus_forward,
             run_as,
             dns: DnsSetup::new(egress),
+            link: (boundary == Boundary::Gate).then_some(link),
         }
     }
 }
@@ -266,14 +530,16 @@ pub fn ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
 /// sends through the gate is judged as it is forwarded (whatever socket made it), DNS is
 /// redirected to the proxy listening on the gate's own addresses, the gate itself answers
 /// nothing else, and what passes leaves from the gate's address (pasta's side).
-pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
+pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr], link: &Link) -> String {
+    let (gate_v4, gate_v6) = (link.gate_v4(), link.gate_v6());
+    let (link_v4, link_v6) = (link.net_v4(), link.net_v6());
     let mut rules = format!("table {TABLE} {{\n");
     sets(&mut rules, host_addrs);
     let _ = writeln!(
         rules,
         "  chain dns {{\n    type nat hook prerouting priority dstnat; policy accept;\n    \
-         iifname \"{GATE_IF}\" meta nfproto ipv4 meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {GATE_V4}:{DNS_PROXY_PORT}\n    \
-         iifname \"{GATE_IF}\" meta nfproto ipv6 meta l4proto {{ tcp, udp }} th dport 53 dnat ip6 to [{GATE_V6}]:{DNS_PROXY_PORT}\n  }}"
+         iifname \"{GATE_IF}\" meta nfproto ipv4 meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {gate_v4}:{DNS_PROXY_PORT}\n    \
+         iifname \"{GATE_IF}\" meta nfproto ipv6 meta l4proto {{ tcp, udp }} th dport 53 dnat ip6 to [{gate_v6}]:{DNS_PROXY_PORT}\n  }}"
     );
     // The gate's own addresses (the link's, and the host's that pasta copied onto its side)
     // answer the sandbox's DNS and neighbour discovery only: refused at once otherwise.
@@ -292,7 +558,7 @@ pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     // made-up source elsewhere would leave unmasqueraded).
     let _ = writeln!(
         rules,
-        "    iifname != \"{GATE_IF}\" drop\n    ip saddr != {LINK_V4} drop\n    ip6 saddr != {LINK_V6} drop"
+        "    iifname != \"{GATE_IF}\" drop\n    ip saddr != {link_v4} drop\n    ip6 saddr != {link_v6} drop"
     );
     let never: Vec<IpNet> = NEVER_FORWARDED
         .iter()
@@ -305,8 +571,8 @@ pub fn gate_ruleset(egress: &Egress, host_addrs: &[IpAddr]) -> String {
     let _ = writeln!(
         rules,
         "  chain leave {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
-         oifname != \"{GATE_IF}\" ip saddr {LINK_V4} masquerade\n    \
-         oifname != \"{GATE_IF}\" ip6 saddr {LINK_V6} masquerade\n  }}\n}}"
+         oifname != \"{GATE_IF}\" ip saddr {link_v4} masquerade\n    \
+         oifname != \"{GATE_IF}\" ip6 saddr {link_v6} masquerade\n  }}\n}}"
     );
     rules
 }
@@ -526,14 +792,48 @@ impl HostTools {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default()
         };
-        Ok(NetworkSetup::new(
+        let link = match boundary {
+            // Chosen now, against the host's routes as they are now.
+            Boundary::Gate => Link::choose(&egress.link, &host_routes())
+                .map_err(|why| format!("no link between the sandbox and its gate: {why}"))?,
+            Boundary::Starter => Link::default(),
+        };
+        Ok(NetworkSetup::linked(
             path(&self.nft),
             path(&self.pasta),
             egress,
             &self.host_addrs,
             run_as,
             boundary,
+            link,
         ))
+    }
+
+    /// What `adapter::info` says of the link between a sandbox and its gate: the prefixes a
+    /// sandbox created now gets (`configured`, else the first free candidates), its gate's and
+    /// its own addresses, or why no sandbox can get one.
+    pub fn describe_link(&self, configured: &LinkPrefixes) -> serde_json::Value {
+        let how = |key: &str, set: bool, candidates: &[&str]| {
+            if set {
+                format!("configured ({key})")
+            } else {
+                format!(
+                    "the first of {} that overlaps none of the host's routes and addresses, at each create",
+                    candidates.join(", ")
+                )
+            }
+        };
+        match Link::choose(configured, &host_routes()) {
+            Ok(link) => serde_json::json!({
+                "v4": link.net_v4().to_string(),
+                "v6": link.net_v6().to_string(),
+                "gate": [link.gate_v4().to_string(), link.gate_v6().to_string()],
+                "sandbox": [link.sandbox_v4().to_string(), link.sandbox_v6().to_string()],
+                "v4_chosen": how(LINK_KEY_V4, configured.v4.is_some(), LINK_CANDIDATES_V4),
+                "v6_chosen": how(LINK_KEY_V6, configured.v6.is_some(), LINK_CANDIDATES_V6),
+            }),
+            Err(why) => serde_json::json!({ "unavailable": why }),
+        }
     }
 }
 
@@ -777,7 +1077,7 @@ mod tests {
     #[test]
     fn the_gate_judges_forwarded_traffic_and_answers_only_dns() {
         let host: Vec<IpAddr> = vec!["192.0.2.2".parse().unwrap()];
-        let rules = gate_ruleset(&egress(&["10.0.0.0/8"], &[], None), &host);
+        let rules = gate_ruleset(&egress(&["10.0.0.0/8"], &[], None), &host, &Link::default());
         let forward = rules.find("chain forward").unwrap();
         let chain = &rules[forward..];
         // Loopback is never forwarded, even with an allow list that names a private range.
@@ -825,6 +1125,167 @@ mod tests {
         assert!(all.contains("host_v6 { ::/0 }"), "{all}");
     }
 
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    /// A host numbered in fd00::/64 and routing 10.0.0.0/8, with an address in the second
+    /// IPv4 candidate: the link takes the first candidates that overlap none of them.
+    #[test]
+    fn the_link_skips_the_candidates_a_host_route_or_address_overlaps() {
+        let free = Link::choose(&LinkPrefixes::default(), &[]).unwrap();
+        assert_eq!(free, Link::default());
+        assert_eq!(free.gate_v4().to_string(), "10.0.2.2");
+        assert_eq!(free.sandbox_v4().to_string(), "10.0.2.100");
+        assert_eq!(free.gate_v6().to_string(), "fd00::2");
+        assert_eq!(free.sandbox_v6().to_string(), "fd00::100");
+
+        let host = nets(&[
+            "fd00::/64",
+            "10.0.0.0/8",
+            "172.30.253.9/32",
+            "2001:db8::/32",
+        ]);
+        let link = Link::choose(&LinkPrefixes::default(), &host).unwrap();
+        assert_eq!(link.net_v4().to_string(), "192.168.253.0/24");
+        assert_eq!(link.net_v6().to_string(), "fd69:6969:6969::/64");
+        assert_eq!(link.gate_v6().to_string(), "fd69:6969:6969::2");
+        assert_eq!(link.sandbox_v6().to_string(), "fd69:6969:6969::100");
+        for net in [IpNet::V4(link.net_v4()), IpNet::V6(link.net_v6())] {
+            assert_eq!(overlapping(net, &host), None, "{net}");
+        }
+        // A wider route covers a candidate as surely as an equal one.
+        let wide = nets(&["fd00::/16", "192.168.0.0/16", "10.0.2.0/23"]);
+        let link = Link::choose(&LinkPrefixes::default(), &wide).unwrap();
+        assert_eq!(link.net_v4().to_string(), "172.30.253.0/24");
+        assert_eq!(link.net_v6().to_string(), "fd69:6969:6969::/64");
+    }
+
+    #[test]
+    fn a_configured_link_is_used_unless_the_host_uses_it() {
+        let configured = LinkPrefixes {
+            v4: Some("10.77.0.0/24".parse().unwrap()),
+            v6: Some("fd77::/64".parse().unwrap()),
+        };
+        let link = Link::choose(&configured, &nets(&["10.0.2.0/24"])).unwrap();
+        assert_eq!(link.net_v4().to_string(), "10.77.0.0/24");
+        assert_eq!(link.net_v6().to_string(), "fd77::/64");
+        let refused = Link::choose(&configured, &nets(&["fd77::/48"])).unwrap_err();
+        assert!(refused.contains("network_link_v6"), "{refused}");
+        assert!(refused.contains("fd77::/48"), "{refused}");
+        // No candidate left: the key that would help is named.
+        let all: Vec<&str> = LINK_CANDIDATES_V4.to_vec();
+        let full = Link::choose(&LinkPrefixes::default(), &nets(&all)).unwrap_err();
+        assert!(full.contains("network_link_v4"), "{full}");
+    }
+
+    #[test]
+    fn a_configured_prefix_is_a_free_ordinary_24_or_64() {
+        let host = nets(&["192.0.2.0/24", "fd00::/64"]);
+        let parse = |text: &str, v6: bool| parse_link_prefix("k", text, v6, &host);
+        assert_eq!(
+            parse("10.77.0.0/24", false).unwrap().to_string(),
+            "10.77.0.0/24"
+        );
+        assert_eq!(parse("fd77::/64", true).unwrap().to_string(), "fd77::/64");
+        for (text, v6, why) in [
+            ("10.77.0.0/16", false, "/24"),
+            ("fd77::/64", false, "IPv4"),
+            ("10.77.0.0/24", true, "IPv6"),
+            ("10.77.0.1/24", false, "host bits"),
+            ("127.1.0.0/24", false, "special"),
+            ("169.254.1.0/24", false, "special"),
+            ("fe80::/64", true, "special"),
+            ("192.0.2.0/24", false, "overlaps"),
+            ("fd00::/64", true, "overlaps"),
+            ("fd00::", true, "CIDR"),
+        ] {
+            let refused = parse(text, v6).unwrap_err();
+            assert!(refused.contains(why), "{text}: {refused}");
+        }
+    }
+
+    /// The kernel's own text (this shape is a host numbered in fd00::/64 and 192.0.2.0/24):
+    /// every route but the defaults, the unreachable one on `lo` included.
+    #[test]
+    fn the_hosts_routes_are_read_from_proc() {
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  tun0\t0000000A\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0\n";
+        assert_eq!(routes_v4(v4), nets(&["192.0.2.0/24", "10.0.0.0/8"]));
+        let v6 = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n\
+                  00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000003 00000000 00000003     eth0\n\
+                  fd000000000000000000000000000002 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000003 00000000 80200001     eth0\n\
+                  00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo\n";
+        assert_eq!(routes_v6(v6), nets(&["fd00::/64", "fd00::2/128"]));
+        let mut host = routes_v4(v4);
+        host.extend(routes_v6(v6));
+        let link = Link::choose(&LinkPrefixes::default(), &host).unwrap();
+        assert_eq!(link.net_v4().to_string(), "172.30.253.0/24");
+        assert_eq!(link.net_v6().to_string(), "fd69:6969:6969::/64");
+        // This host's own reading holds no default route.
+        assert!(host_routes().iter().all(|net| net.prefix_len() > 0));
+    }
+
+    /// Every rule that names the link names the chosen one, and the starter gets it.
+    #[test]
+    fn the_gates_rules_and_set_up_follow_the_chosen_link() {
+        let link = Link::choose(
+            &LinkPrefixes::default(),
+            &nets(&["10.0.0.0/8", "fd00::/64"]),
+        )
+        .unwrap();
+        let setup = NetworkSetup::linked(
+            "nft".into(),
+            "pasta".into(),
+            &egress(&[], &[], None),
+            &[],
+            None,
+            Boundary::Gate,
+            link,
+        );
+        let rules = &setup.rules;
+        assert!(rules.contains("dnat ip to 172.30.253.2:53"), "{rules}");
+        assert!(
+            rules.contains("dnat ip6 to [fd69:6969:6969::2]:53"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip saddr != 172.30.253.0/24 drop"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip6 saddr != fd69:6969:6969::/64 drop"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip saddr 172.30.253.0/24 masquerade"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip6 saddr fd69:6969:6969::/64 masquerade"),
+            "{rules}"
+        );
+        assert!(!rules.contains("10.0.2."), "{rules}");
+        assert!(!rules.contains("fd00::/64"), "{rules}");
+        // As the launcher receives it.
+        let sent: NetworkSetup =
+            serde_json::from_str(&serde_json::to_string(&setup).unwrap()).unwrap();
+        assert_eq!(sent.link, Some(link));
+        let starter = NetworkSetup::linked(
+            "nft".into(),
+            "pasta".into(),
+            &egress(&[], &[], None),
+            &[],
+            None,
+            Boundary::Starter,
+            link,
+        );
+        assert_eq!(starter.link, None);
+    }
+
     /// Both rulesets, with and without an allow list and a bus, load into a namespace of
     /// their own (nft's check mode asks the kernel).
     #[test]
@@ -857,7 +1318,16 @@ mod tests {
             );
             for rules in [
                 ruleset(&policy, &host),
-                gate_ruleset(&policy, &host),
+                gate_ruleset(&policy, &host, &Link::default()),
+                gate_ruleset(
+                    &policy,
+                    &host,
+                    &Link::choose(
+                        &LinkPrefixes::default(),
+                        &nets(&["10.0.0.0/8", "fd00::/64"]),
+                    )
+                    .unwrap(),
+                ),
                 ruleset(&policy, &[]),
             ] {
                 let rules = format!("{rules}{then}");

@@ -123,6 +123,9 @@ pub struct Egress {
     /// The names in `allow` came from a create under a configuration without an allow list:
     /// their addresses never open [`DEFAULT_DENIED`] either (a create narrows, never widens).
     pub names_within_defaults: bool,
+    /// The link prefixes between a bwrap sandbox and its gate that the configuration names
+    /// (`network_link_v4`, `network_link_v6`); unset: chosen for each sandbox.
+    pub link: crate::network::LinkPrefixes,
 }
 
 impl Egress {

@@ -15,7 +15,7 @@ use crate::cgroup;
 use crate::disk::{self, Disk};
 use crate::fuse_disk::FuseTools;
 use crate::launch::LaunchCommand;
-use crate::network::{find_in_path, resolv_conf, Boundary, HostTools, NetworkSetup};
+use crate::network::{find_in_path, resolv_conf, Boundary, HostTools, LinkPrefixes, NetworkSetup};
 use crate::pool::LauncherPool;
 use crate::userns::IdMap;
 
@@ -43,6 +43,8 @@ pub struct BwrapBackend {
     limits_in_force: Vec<&'static str>,
     /// Egress (`network: true`) needs pasta and nft; without them such a create is S300.
     egress_tools: HostTools,
+    /// The configured prefixes of a sandbox's link to its gate (`network_link_v4` / `_v6`).
+    link_prefixes: LinkPrefixes,
     /// How persistent layers (worker VMs) are bounded here (see `disk.rs`).
     worker_disks: WorkerDisks,
     /// Each sandbox's share of the host's open files and per-user counters.
@@ -97,6 +99,7 @@ impl BwrapBackend {
             budget,
             limits_in_force,
             egress_tools: HostTools::find(),
+            link_prefixes: config.egress.link,
             bwrap,
             pool: Arc::new(LauncherPool::new(launcher.clone(), id_map)),
             launcher,
@@ -377,6 +380,11 @@ impl Backend for BwrapBackend {
     }
 
     fn isolation(&self) -> serde_json::Value {
+        let mut network = self.egress_tools.describe(
+            "always the sandbox's own (network: false: loopback only)",
+            "the sandbox's namespace",
+        );
+        network["link"] = self.egress_tools.describe_link(&self.link_prefixes);
         serde_json::json!({
             "user_namespace": self.id_map.describe(),
             // 1: only the sandbox's root exists, so a program switching to another uid fails.
@@ -400,10 +408,7 @@ impl Backend for BwrapBackend {
                 "worker_state": self.worker_disks.describe_state(),
             },
             "ceilings": self.budget.describe(),
-            "network": self.egress_tools.describe(
-                "always the sandbox's own (network: false: loopback only)",
-                "the sandbox's namespace",
-            ),
+            "network": network,
         })
     }
 

@@ -181,6 +181,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "network_allow",
     "network_deny",
     "network_dns",
+    "network_link_v4",
+    "network_link_v6",
     "warm_pool",
     "allow_unbounded_sandboxes",
     "max_paused_secs",
@@ -284,6 +286,7 @@ impl Config {
             }
         }
         keys.read("network_dns", &mut config.egress.dns)?;
+        read_link_prefixes(object, &mut config.egress.link)?;
 
         if let Some(value) = object.get("warm_pool") {
             config.warm_pool = parse_warm_pool(value, config.max_concurrent_sandboxes)?;
@@ -399,6 +402,37 @@ fn check_expose_address(address: IpAddr) -> Result<(), String> {
     std::net::TcpListener::bind((address, 0))
         .map(drop)
         .map_err(|e| format!("{address} is not an address of this host ({e})"))
+}
+
+/// `network_link_v4` / `network_link_v6`: the prefixes of a bwrap sandbox's link to its gate
+/// (a /24, a /64) instead of the first the host leaves free; refused when the host routes or
+/// holds an address of them now (its routes are checked again at each create).
+fn read_link_prefixes(
+    object: &Map<String, Value>,
+    link: &mut egress::network::LinkPrefixes,
+) -> Result<(), ConfigError> {
+    use egress::network::{LINK_KEY_V4, LINK_KEY_V6};
+    if !object.contains_key(LINK_KEY_V4) && !object.contains_key(LINK_KEY_V6) {
+        return Ok(());
+    }
+    let host = egress::network::host_routes();
+    for key in [LINK_KEY_V4, LINK_KEY_V6] {
+        let Some(value) = object.get(key) else {
+            continue;
+        };
+        let wrong = |reason: String| ConfigError::WrongType {
+            key: key.into(),
+            reason,
+        };
+        let text = value.as_str().ok_or_else(|| {
+            wrong(format!(
+                "expected a CIDR string, got {}",
+                json_type_name(value)
+            ))
+        })?;
+        link.configure(key, text, &host).map_err(wrong)?;
+    }
+    Ok(())
 }
 
 /// `warm_pool`: `{image: count}`, each count a non-negative integer, all of them together at
@@ -722,6 +756,46 @@ mod tests {
             let error = error_of(json!({ "expose_address": value }));
             assert!(error.contains("`expose_address`"), "{error}");
             assert!(error.contains(says), "{value}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_sandboxes_link_prefixes_may_be_named_and_are_validated() {
+        let config = Config::from_json(
+            &json!({"network_link_v4": "10.213.47.0/24", "network_link_v6": "fd5a:1b2c:3d4e::/64"}),
+        )
+        .unwrap();
+        assert_eq!(
+            config.egress.link.v4.map(|n| n.to_string()).as_deref(),
+            Some("10.213.47.0/24")
+        );
+        assert_eq!(
+            config.egress.link.v6.map(|n| n.to_string()).as_deref(),
+            Some("fd5a:1b2c:3d4e::/64")
+        );
+        assert_eq!(Config::default().egress.link, Default::default());
+        for (value, says) in [
+            (
+                json!({"network_link_v4": "10.213.0.0/16"}),
+                "`network_link_v4`",
+            ),
+            (json!({"network_link_v4": 24}), "`network_link_v4`"),
+            (
+                json!({"network_link_v6": "10.213.47.0/24"}),
+                "`network_link_v6`",
+            ),
+            (json!({"network_link_v6": "fe80::/64"}), "special range"),
+        ] {
+            let error = error_of(value.clone());
+            assert!(error.contains(says), "{value}: {error}");
+        }
+        // One of this host's own routes is refused.
+        if let Some(used) = egress::network::host_routes()
+            .into_iter()
+            .find(|net| net.prefix_len() == 24 && net.addr().is_ipv4() && !net.addr().is_loopback())
+        {
+            let error = error_of(json!({"network_link_v4": used.to_string()}));
+            assert!(error.contains("overlaps"), "{used}: {error}");
         }
     }
 }
