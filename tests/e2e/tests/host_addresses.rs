@@ -8,6 +8,13 @@
 //! TEST-NET-2 is in no default-denied range: only the gate's set of the host's addresses
 //! stands between a sandbox and the bait. bwrap's gate; a libkrun runner's namespace is
 //! filled by the same resolver proxy code (`egress/src/host_watch.rs`).
+//!
+//! The link between a sandbox and its gate avoids the host's own prefixes: pasta copies the
+//! host's routes into the gate, and a link prefix the host also routes (this host is numbered
+//! in fd00::/64, slirp4netns's IPv6 link) would send the sandbox's packets for the host's
+//! neighbours back to the sandbox. Neither the gate's link routes nor the sandbox's own
+//! routes may overlap one of the host's, a configured prefix is used as named, and one the
+//! host routes stops the adapter.
 
 mod sandbox_support;
 
@@ -15,9 +22,9 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::{bwrap_usable, Stack};
+use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
 use sandbox_support::{create, exec_ok};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const ADDED_V4: &str = "198.51.100.7";
 const ADDED_V6: &str = "2001:db8::7";
@@ -281,4 +288,367 @@ async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when
         // The host's other addresses are still refused.
         assert!(holds(&listing, "127.0.0.1"), "{listing}");
     }
+}
+
+/// A route's destination: the address's bits (an IPv4 one in the top 32) and prefix length.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Prefix {
+    v6: bool,
+    bits: u128,
+    len: u8,
+}
+
+impl Prefix {
+    /// `address/len` or a bare address.
+    fn parse(text: &str) -> Option<Prefix> {
+        let (address, len) = text.split_once('/').unwrap_or((text, ""));
+        let (v6, bits, max) = match address.parse::<std::net::IpAddr>().ok()? {
+            std::net::IpAddr::V4(v4) => (false, u128::from(u32::from(v4)) << 96, 32),
+            std::net::IpAddr::V6(v6) => (true, u128::from(v6), 128),
+        };
+        let len = if len.is_empty() {
+            max
+        } else {
+            len.parse().ok()?
+        };
+        (len <= max).then_some(Prefix {
+            v6,
+            bits: bits & mask(len),
+            len,
+        })
+    }
+
+    fn overlaps(&self, other: &Prefix) -> bool {
+        let len = self.len.min(other.len);
+        self.v6 == other.v6 && self.bits & mask(len) == other.bits & mask(len)
+    }
+
+    /// What no link is meant to avoid: default routes, loopback, link-local (every link has
+    /// its own fe80::/64) and multicast.
+    fn ordinary(&self) -> bool {
+        let special = if self.v6 {
+            ["::1/128", "fe80::/10", "ff00::/8"]
+        } else {
+            ["127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4"]
+        };
+        self.len > 0
+            && !special
+                .iter()
+                .filter_map(|s| Prefix::parse(s))
+                .any(|s| s.overlaps(self))
+    }
+}
+
+/// As `ip` writes it.
+impl std::fmt::Debug for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.v6 {
+            write!(f, "{}/{}", std::net::Ipv6Addr::from(self.bits), self.len)
+        } else {
+            let network = u32::try_from(self.bits >> 96).unwrap_or_default();
+            write!(f, "{}/{}", std::net::Ipv4Addr::from(network), self.len)
+        }
+    }
+}
+
+fn mask(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+/// `(device, destination)` of every route `ip -o route show <args>` lists, both families,
+/// in the network namespace `netns` names (`nsenter`'s `--net=` argument) or the host's (a
+/// type word such as `local` or `unreachable` before the destination skipped).
+fn ip_routes(netns: Option<&str>, args: &[&str]) -> Vec<(String, Prefix)> {
+    let mut routes = Vec::new();
+    for family in ["-4", "-6"] {
+        let mut command = match netns {
+            Some(netns) => {
+                let mut command = Command::new("nsenter");
+                command.args([netns, "ip"]);
+                command
+            }
+            None => Command::new("ip"),
+        };
+        let out = command
+            .args(["-o", family, "route", "show"])
+            .args(args)
+            .output()
+            .expect("ip route");
+        assert!(out.status.success(), "{out:?}");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let kinds = [
+                "local",
+                "broadcast",
+                "unreachable",
+                "multicast",
+                "anycast",
+                "blackhole",
+                "prohibit",
+                "throw",
+                "nat",
+            ];
+            let at = usize::from(words.first().is_some_and(|w| kinds.contains(w)));
+            let destination = match words.get(at) {
+                Some(&"default") => Some(Prefix {
+                    v6: family == "-6",
+                    bits: 0,
+                    len: 0,
+                }),
+                Some(word) => Prefix::parse(word),
+                None => None,
+            };
+            let device = words
+                .iter()
+                .position(|w| *w == "dev")
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or(&"");
+            if let Some(destination) = destination {
+                routes.push((device.to_string(), destination));
+            }
+        }
+    }
+    routes
+}
+
+/// Prints `route <device> <destination>` for every route the sandbox's kernel holds (every
+/// table), then `addr4 <address>` (the source it would use) and `addr6 <device> <address>`.
+const ROUTES: &str = r#"
+import socket, struct
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    dest = socket.inet_ntoa(struct.pack("=I", int(f[1], 16)))
+    print("route", f[0], "%s/%d" % (dest, bin(int(f[7], 16)).count("1")))
+try:
+    lines = open("/proc/net/ipv6_route").read().splitlines()
+    addresses = open("/proc/net/if_inet6").read().splitlines()
+except OSError:
+    lines, addresses = [], []
+for line in lines:
+    f = line.split()
+    dest = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(f[0]))
+    print("route", f[-1], "%s/%d" % (dest, int(f[1], 16)))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("198.51.100.1", 9))
+print("addr4", s.getsockname()[0])
+for line in addresses:
+    f = line.split()
+    print("addr6", f[-1], socket.inet_ntop(socket.AF_INET6, bytes.fromhex(f[0])))
+"#;
+
+/// What sandbox `id` sees of its routes and its own addresses.
+async fn sandbox_view(stack: &Stack, id: &str) -> (Vec<(String, Prefix)>, Vec<String>) {
+    let out = exec_ok(
+        stack,
+        id,
+        json!({"argv": ["python3", "-c", ROUTES], "timeout_ms": 60_000}),
+    )
+    .await;
+    let stdout = out["stdout"].as_str().unwrap_or_default();
+    println!(
+        "{id} sees:\n{stdout}{}",
+        out["stderr"].as_str().unwrap_or_default()
+    );
+    let mut routes = Vec::new();
+    let mut addresses = Vec::new();
+    for line in stdout.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words[..] {
+            ["route", device, destination] => {
+                routes.push((device.to_string(), Prefix::parse(destination).unwrap()));
+            }
+            ["addr4", address] | ["addr6", "eth0", address] => addresses.push(address.to_string()),
+            _ => {}
+        }
+    }
+    (routes, addresses)
+}
+
+/// Whether the sandbox has an IPv6 default route on its link.
+fn routed_v6(routes: &[(String, Prefix)]) -> bool {
+    routes
+        .iter()
+        .any(|(device, route)| device == "eth0" && route.v6 && route.len == 0)
+}
+
+/// `adapter::info`'s account of the link a sandbox created now gets.
+async fn info_link(stack: &Stack) -> Value {
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let link = info["backend"]["isolation"]["network"]["link"].clone();
+    assert!(link["v4"].is_string() && link["v6"].is_string(), "{info}");
+    link
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandboxs_link_overlaps_no_route_of_the_host() {
+    let test = "a_sandboxs_link_overlaps_no_route_of_the_host";
+    let tools = ["ip", "nsenter", "nft", "pasta"]
+        .iter()
+        .all(|tool| Command::new(tool).arg("-V").output().is_ok());
+    if !nix::unistd::geteuid().is_root() || !tools {
+        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
+        return;
+    }
+    if !bwrap_usable(test) {
+        return;
+    }
+    let host: Vec<Prefix> = ip_routes(None, &["table", "all"])
+        .into_iter()
+        .map(|(_, destination)| destination)
+        .filter(Prefix::ordinary)
+        .collect();
+    println!("the host's routes and addresses: {host:?}");
+    let slirp_v6 = Prefix::parse("fd00::/64").unwrap();
+    let host_in_fd00 = host.iter().any(|h| h.overlaps(&slirp_v6));
+
+    let stack = Stack::bwrap().await;
+    let link = info_link(&stack).await;
+    println!("adapter::info says: {link}");
+    let (link_v4, link_v6) = (
+        Prefix::parse(link["v4"].as_str().unwrap()).unwrap(),
+        Prefix::parse(link["v6"].as_str().unwrap()).unwrap(),
+    );
+    for chosen in [link_v4, link_v6] {
+        let used: Vec<&Prefix> = host.iter().filter(|h| h.overlaps(&chosen)).collect();
+        assert!(used.is_empty(), "{chosen:?} overlaps the host's {used:?}");
+    }
+    if host_in_fd00 {
+        assert_ne!(link_v6, slirp_v6, "this host routes fd00::/64 itself");
+    }
+
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let gate = gates(&stack);
+    assert_eq!(gate.len(), 1, "one resolver proxy per sandbox");
+    let netns = format!("--net=/proc/{}/ns/net", gate[0]);
+    let in_gate: Vec<(String, Prefix)> = ip_routes(Some(&netns), &[])
+        .into_iter()
+        .filter(|(_, destination)| destination.ordinary())
+        .collect();
+    println!("the gate's routes: {in_gate:?}");
+    // The link's own routes are the chosen prefixes, and none is also a host's route.
+    let link_routes: Vec<Prefix> = in_gate
+        .iter()
+        .filter(|(device, _)| device == "iii-gate")
+        .map(|(_, destination)| *destination)
+        .collect();
+    assert!(link_routes.contains(&link_v4), "{in_gate:?}");
+    assert!(
+        link_routes.iter().all(|r| *r == link_v4 || *r == link_v6),
+        "{in_gate:?}"
+    );
+    for route in &link_routes {
+        assert!(
+            !host.iter().any(|h| h.overlaps(route)),
+            "the gate's link route {route:?} overlaps a host route: {host:?}"
+        );
+    }
+    // No destination the gate routes two ways (the link's way and pasta's).
+    for (i, (device, route)) in in_gate.iter().enumerate() {
+        for (other_device, other) in &in_gate[i + 1..] {
+            assert!(
+                device == other_device || !route.overlaps(other),
+                "the gate routes {route:?} on {device} and {other:?} on {other_device}"
+            );
+        }
+    }
+
+    // From inside: every route the sandbox's kernel holds (any table) but its default and
+    // the special ranges is its link's, and none overlaps a route or address of the host.
+    let (routes, addresses) = sandbox_view(&stack, &id).await;
+    let ordinary: Vec<&(String, Prefix)> = routes.iter().filter(|(_, r)| r.ordinary()).collect();
+    assert!(!ordinary.is_empty(), "{routes:?}");
+    for (device, route) in &ordinary {
+        assert!(
+            link_v4.overlaps(route) || link_v6.overlaps(route),
+            "the sandbox routes {route:?} on {device} outside its link"
+        );
+        let used: Vec<&Prefix> = host.iter().filter(|h| h.overlaps(route)).collect();
+        assert!(
+            used.is_empty(),
+            "the sandbox's route {route:?} overlaps the host's {used:?}"
+        );
+    }
+    assert_eq!(
+        addresses.first(),
+        link["sandbox"][0].as_str().map(String::from).as_ref()
+    );
+    // Its starter gives it IPv6 only where pasta got a default route from the host.
+    if routed_v6(&routes) {
+        let v6 = link["sandbox"][1].as_str().unwrap().to_string();
+        assert!(addresses.contains(&v6), "{addresses:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
+    let test = "a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter";
+    let tools = ["ip", "pasta", "nft"]
+        .iter()
+        .all(|tool| Command::new(tool).arg("-V").output().is_ok());
+    if !nix::unistd::geteuid().is_root() || !tools {
+        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nft and pasta ***\n");
+        return;
+    }
+    if !bwrap_usable(test) {
+        return;
+    }
+    let host: Vec<Prefix> = ip_routes(None, &["table", "all"])
+        .into_iter()
+        .map(|(_, destination)| destination)
+        .filter(Prefix::ordinary)
+        .collect();
+    let (v4, v6) = ("10.213.47.0/24", "fd5a:1b2c:3d4e::/64");
+    if host.iter().any(|h| {
+        [v4, v6]
+            .iter()
+            .any(|c| h.overlaps(&Prefix::parse(c).unwrap()))
+    }) {
+        println!("\n*** {test} DID NOT RUN: this host routes {v4} or {v6} ***\n");
+        return;
+    }
+    let stack = Stack::start(
+        json!({"network_link_v4": v4, "network_link_v6": v6}),
+        AdapterOptions::default(),
+    )
+    .await;
+    let link = info_link(&stack).await;
+    assert_eq!(link["v4"], v4, "{link}");
+    assert_eq!(link["v6"], v6, "{link}");
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let (routes, addresses) = sandbox_view(&stack, &id).await;
+    assert_eq!(addresses.first().map(String::as_str), Some("10.213.47.100"));
+    if routed_v6(&routes) {
+        assert!(
+            addresses.iter().any(|a| a == "fd5a:1b2c:3d4e::100"),
+            "{addresses:?}"
+        );
+    }
+    drop(stack);
+
+    // A prefix of one of the host's own routes: the adapter refuses to start.
+    let Some(used) = ip_routes(None, &[])
+        .into_iter()
+        .map(|(_, destination)| destination)
+        .find(|r| !r.v6 && r.ordinary() && r.len <= 24)
+    else {
+        println!("{test}: no IPv4 route of /24 or wider here: the refusal not run");
+        return;
+    };
+    // Its first /24, written as `ip` writes the route.
+    let inside = format!("{:?}", Prefix { len: 24, ..used });
+    let state = e2e_tests::host_dir();
+    let options = AdapterOptions::default();
+    let config = e2e_tests::config_with(state.path(), json!({ "network_link_v4": inside }));
+    let engine = iii_test_engine::Engine::with_config(options.config_name.clone(), config)
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("start engine");
+    let mut adapter = e2e_tests::Adapter::spawn(&engine.url(), &options);
+    let status = adapter.wait_exit(Duration::from_secs(30));
+    let log = adapter.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{inside}: {log}");
+    assert!(
+        log.contains("`network_link_v4`") && log.contains("overlaps"),
+        "{log}"
+    );
 }
