@@ -160,7 +160,21 @@ fn context(stack: &Stack, compose: &Path, ids: &[(&str, &str)]) -> Context {
             .collect(),
         engine_port,
         sandbox_nofile: None,
+        gate: Vec::new(),
     }
+}
+
+/// The gate's link addresses `adapter::info` names, as `{gate_v4}` and `{gate_v6}`.
+async fn gate_addresses(stack: &Stack) -> Vec<(String, String)> {
+    let Ok(info) = stack.call("adapter::info", json!({})).await else {
+        return Vec::new();
+    };
+    let gate = &info["backend"]["isolation"]["network"]["link"]["gate"];
+    ["{gate_v4}", "{gate_v6}"]
+        .iter()
+        .enumerate()
+        .filter_map(|(i, symbol)| Some((gate[i].as_str()?.to_string(), symbol.to_string())))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -202,6 +216,7 @@ async fn bwrap_host_processes_match_their_table() {
 
     let context = Context {
         sandbox_nofile: sandbox_nofile(&stack).await,
+        gate: gate_addresses(&stack).await,
         ..context(
             &stack,
             &compose,

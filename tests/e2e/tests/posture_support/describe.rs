@@ -30,6 +30,10 @@ pub struct Context {
     /// `fs.file-max` and its sandbox cap (`adapter::info`'s `backend.isolation.ceilings`): shown as
     /// `{sandbox}`.
     pub sandbox_nofile: Option<String>,
+    /// The addresses of a sandbox's gate on its link (`adapter::info`'s
+    /// `backend.isolation.network.link.gate`) and their symbols, `{gate_v4}` and `{gate_v6}`:
+    /// the link's prefixes are the first this host leaves free, so they vary by host.
+    pub gate: Vec<(String, String)>,
 }
 
 /// The whole observation of one adapter: itself, every process it started, and the test
@@ -516,8 +520,9 @@ fn describe_fd(
     format!("{mode} {what}")
 }
 
-/// A socket's local address: loopback and wildcard addresses as they are, and any address
-/// of a namespace the adapter made (the same on every host: the gate's link); the engine's
+/// A socket's local address: loopback and wildcard addresses as they are, the gate's link
+/// addresses as their symbols, and any other address of a namespace the adapter made as it
+/// is; the engine's
 /// port as `{engine}`, an ephemeral port (not listening) as `*`; any other address of the
 /// adapter's (the host's) namespace as `{host}`.
 fn address(local: &str, socket: &Socket, of_adapter: bool, context: &Context) -> String {
@@ -533,7 +538,13 @@ fn address(local: &str, socket: &Socket, of_adapter: bool, context: &Context) ->
     };
     let bare = ip.trim_start_matches('[').trim_end_matches(']');
     let known = matches!(bare, "127.0.0.1" | "0.0.0.0" | "::" | "::1") || bare.starts_with("127.");
-    let ip = if known || !of_adapter {
+    let gate = context
+        .gate
+        .iter()
+        .find(|(address, _)| !of_adapter && address == bare);
+    let ip = if let Some((_, symbol)) = gate {
+        ip.replace(bare, symbol)
+    } else if known || !of_adapter {
         ip.to_string()
     } else {
         "{host}".into()
@@ -622,6 +633,10 @@ mod tests {
             )],
             engine_port: 49134,
             sandbox_nofile: None,
+            gate: vec![
+                ("172.30.253.2".into(), "{gate_v4}".into()),
+                ("fd69:6969:6969::2".into(), "{gate_v6}".into()),
+            ],
         }
     }
 
@@ -686,7 +701,21 @@ mod tests {
             address("0.0.0.0:0", &socket("tcp4", ""), true, &c),
             "unbound"
         );
-        // A namespace the adapter made: its addresses are the product's own.
+        // A namespace the adapter made: the gate's link addresses as this host's choice of
+        // them, any other as it is.
+        assert_eq!(
+            address("172.30.253.2:53", &socket("udp4", ""), false, &c),
+            "{gate_v4}:53"
+        );
+        assert_eq!(
+            address(
+                "[fd69:6969:6969::2]:53",
+                &socket("tcp6", "listen"),
+                false,
+                &c
+            ),
+            "[{gate_v6}]:53"
+        );
         assert_eq!(
             address("10.0.2.2:53", &socket("udp4", ""), false, &c),
             "10.0.2.2:53"
