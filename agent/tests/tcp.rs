@@ -132,3 +132,46 @@ async fn a_stalled_reader_holds_its_server_not_the_link() {
     assert!(written < 64 * MIB, "the server wrote {written} bytes");
     drop(reader);
 }
+
+#[tokio::test]
+async fn streams_past_the_agents_limit_are_refused_as_busy() {
+    let agent = start_agent().await;
+    let (listener, port) = listener().await;
+    // Accept everything and hold it, so every stream stays open.
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            sockets.push(socket);
+        }
+    });
+    let mut streams = Vec::new();
+    for _ in 0..agent_proto::MAX_TCP_STREAMS {
+        streams.push(
+            agent
+                .client
+                .tcp_connect(port, WINDOW)
+                .await
+                .expect("within the limit"),
+        );
+    }
+    match agent.client.tcp_connect(port, WINDOW).await {
+        Err(AgentError::Request(e)) => assert_eq!(e.code, ErrorCode::Busy, "{e}"),
+        Err(other) => panic!("expected Busy, got {other}"),
+        Ok(_) => panic!("one stream past the limit opened"),
+    }
+    // One closed makes room again (once the agent has let its threads go).
+    drop(streams.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match agent.client.tcp_connect(port, WINDOW).await {
+            Ok(stream) => {
+                streams.push(stream);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no room after a close: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(streams);
+    held.abort();
+}

@@ -179,6 +179,10 @@ async fn a_page_and_a_websocket_cross_the_url_and_nothing_else_does() {
             page.len()
         );
 
+        if !network {
+            connection_ceiling(address).await;
+        }
+
         // The same port again: the same URL.
         let again = expose_ok(&stack, &id, HTTP_PORT).await;
         assert_eq!(again["url"], url.as_str());
@@ -328,6 +332,44 @@ async fn a_page_and_a_websocket_cross_the_url_and_nothing_else_does() {
         let (code, _) = expect_err(expose(&stack, &id, json!(HTTP_PORT)).await, "stopped");
         assert_eq!(code, "S004");
     }
+}
+
+/// 64 connections held open at once through one URL; the 65th is closed at once, and the
+/// held ones still serve.
+async fn connection_ceiling(address: SocketAddr) {
+    // The relays of the GETs before end once the agent has closed their streams; a moment
+    // for that, so all 64 slots are free.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(
+            TcpStream::connect(address)
+                .await
+                .expect("within the ceiling"),
+        );
+    }
+    // Let the relays take their slots (each waits for its request line inside).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut over = TcpStream::connect(address)
+        .await
+        .expect("accepted, then closed");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), over.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the 65th connection was not closed at once: {read:?}"
+    );
+    let mut first = held.swap_remove(0);
+    let request = format!("GET /index.html HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    first.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), first.read_to_end(&mut answer))
+        .await
+        .expect("a held connection still serves")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&answer).ends_with(PAGE));
+    drop(held);
+    println!("64 connections held through {address}; the 65th closed at once");
 }
 
 /// The RFC 6455 handshake's example key, its accept value, then one masked text frame
