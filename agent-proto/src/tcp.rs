@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 pub const FEATURE_TCP_STREAM: &str = "tcp_stream";
 
 /// Streams one agent keeps open at once; one more is refused with `Busy`. Each costs the
-/// agent two threads.
-pub const MAX_TCP_STREAMS: usize = 512;
+/// agent two threads, which count against the sandbox's process limit: the host keeps
+/// fewer open (sandbox-core's `MAX_SANDBOX_CONNECTIONS`), this bounds a host that does not.
+pub const MAX_TCP_STREAMS: usize = 256;
 
 /// How long the agent tries one connect inside the guest.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -13,7 +13,8 @@
 //! (the old host port may have been taken meanwhile).
 //!
 //! Bounds: [`MAX_EXPOSURES`] per sandbox (S400 past it), [`MAX_CONNECTIONS`] at once per
-//! exposure (a connection past it is closed at once), [`STREAM_WINDOW`] of bytes in flight
+//! exposure and [`MAX_SANDBOX_CONNECTIONS`] across a sandbox's exposures (a connection past
+//! either is closed at once), [`STREAM_WINDOW`] of bytes in flight
 //! each way per connection, and one [`CHUNK_SIZE`] read buffer per direction.
 
 use std::collections::BTreeMap;
@@ -41,6 +42,10 @@ use crate::request::{parse, sandbox_id};
 pub const MAX_EXPOSURES: usize = 8;
 /// Connections one exposure relays at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections all of one sandbox's exposures relay at once. Each costs the sandbox's agent
+/// two threads, which count against the sandbox's `max_pids_per_sandbox` (1024 by default):
+/// this leaves the sandbox's own programs and its execs most of it.
+pub const MAX_SANDBOX_CONNECTIONS: usize = 128;
 /// Flow window of each direction of one relayed connection, in the agent protocol's cost
 /// units: what the adapter holds of one connection's bytes at most (the guest's side stops
 /// reading its server past it).
@@ -49,9 +54,19 @@ pub const STREAM_WINDOW: u64 = 128 * 1024;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A sandbox's open exposures, by guest port.
-#[derive(Default)]
 pub struct Exposures {
     state: Mutex<State>,
+    /// Connection slots shared by all of them ([`MAX_SANDBOX_CONNECTIONS`]).
+    connections: Arc<Semaphore>,
+}
+
+impl Default for Exposures {
+    fn default() -> Self {
+        Exposures {
+            state: Mutex::default(),
+            connections: Arc::new(Semaphore::new(MAX_SANDBOX_CONNECTIONS)),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -263,7 +278,14 @@ async fn open(
         .port();
     let url = format!("http://{}", SocketAddr::new(address, host_port));
     let agent = sandbox.agent.clone();
-    let accept = tokio::spawn(accept_loop(listener, agent, port, Arc::downgrade(sandbox)));
+    let sandbox_slots = sandbox.exposures.connections.clone();
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        agent,
+        port,
+        Arc::downgrade(sandbox),
+        sandbox_slots,
+    ));
     Ok(Exposure {
         url,
         host_port,
@@ -273,7 +295,13 @@ async fn open(
 
 /// Accepts until aborted; each connection relayed by a task of its own in `relays`, which
 /// is dropped (every relay aborted) with this task.
-async fn accept_loop(listener: TcpListener, agent: AgentClient, port: u16, sandbox: Weak<Sandbox>) {
+async fn accept_loop(
+    listener: TcpListener,
+    agent: AgentClient,
+    port: u16,
+    sandbox: Weak<Sandbox>,
+    sandbox_slots: Arc<Semaphore>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut relays = JoinSet::new();
     loop {
@@ -289,8 +317,11 @@ async fn accept_loop(listener: TcpListener, agent: AgentClient, port: u16, sandb
                 continue;
             }
         };
-        // Past the ceiling the connection is closed at once; the client may retry.
+        // Past either ceiling the connection is closed at once; the client may retry.
         let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let Ok(sandbox_slot) = sandbox_slots.clone().try_acquire_owned() else {
             continue;
         };
         // Use of a preview is activity: the idle reaper leaves the sandbox alone.
@@ -301,7 +332,7 @@ async fn accept_loop(listener: TcpListener, agent: AgentClient, port: u16, sandb
         let agent = agent.clone();
         relays.spawn(async move {
             relay(&agent, port, socket).await;
-            drop(slot);
+            drop((slot, sandbox_slot));
         });
     }
 }

@@ -72,6 +72,8 @@ while True:
 const HTTP_PORT: u16 = 8000;
 const WS_PORT: u16 = 8001;
 const OTHER_PORT: u16 = 38517;
+/// Two more servers of `PAGE`, for the sandbox-wide connection ceiling.
+const SPARE_PORTS: [u16; 2] = [8002, 8003];
 
 /// `host:port` of an `http://host:port` URL.
 fn address_of(url: &str) -> SocketAddr {
@@ -150,7 +152,9 @@ async fn serving_sandbox(stack: &Stack, network: bool) -> String {
     }
     let start = format!(
         "cd /srv/site && setsid python3 -m http.server {HTTP_PORT} </dev/null >/tmp/http.log 2>&1 &\n\
-         cd /srv/other && setsid python3 -m http.server {OTHER_PORT} --bind 127.0.0.1 </dev/null >/tmp/other.log 2>&1 &"
+         cd /srv/other && setsid python3 -m http.server {OTHER_PORT} --bind 127.0.0.1 </dev/null >/tmp/other.log 2>&1 &\n\
+         cd /srv/site && for port in {} {}; do setsid python3 -m http.server $port </dev/null >/dev/null 2>&1 & done",
+        SPARE_PORTS[0], SPARE_PORTS[1]
     );
     exec_ok(stack, &id, sh(&start)).await;
     id
@@ -180,7 +184,7 @@ async fn a_page_and_a_websocket_cross_the_url_and_nothing_else_does() {
         );
 
         if !network {
-            connection_ceiling(address).await;
+            connection_ceilings(&stack, &id, address).await;
         }
 
         // The same port again: the same URL.
@@ -334,32 +338,48 @@ async fn a_page_and_a_websocket_cross_the_url_and_nothing_else_does() {
     }
 }
 
-/// 64 connections held open at once through one URL; the 65th is closed at once, and the
-/// held ones still serve.
-async fn connection_ceiling(address: SocketAddr) {
-    // The relays of the GETs before end once the agent has closed their streams; a moment
-    // for that, so all 64 slots are free.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+/// Opens `n` connections to `address` and leaves them waiting for a request line.
+async fn hold(address: SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
-    for _ in 0..64 {
-        held.push(
-            TcpStream::connect(address)
-                .await
-                .expect("within the ceiling"),
-        );
+    for _ in 0..n {
+        held.push(TcpStream::connect(address).await.expect("connect"));
     }
     // Let the relays take their slots (each waits for its request line inside).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut over = TcpStream::connect(address)
-        .await
-        .expect("accepted, then closed");
+    held
+}
+
+/// Whether a new connection to `address` is closed at once (within 5 s) rather than held.
+async fn closed_at_once(address: SocketAddr) -> bool {
+    let mut socket = TcpStream::connect(address).await.expect("accepted");
     let mut byte = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(5), over.read(&mut byte)).await;
+    let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut byte)).await;
+    matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+/// Whether a new connection to `address` stays open (no answer within 1 s: held by the
+/// relay, its server waiting for a request).
+async fn held_open(address: SocketAddr) -> bool {
+    let mut socket = TcpStream::connect(address).await.expect("accepted");
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(1), socket.read(&mut byte))
+        .await
+        .is_err()
+}
+
+/// 64 connections held at once through one URL (the 65th closed at once, a held one still
+/// serving), and 128 through all of a sandbox's URLs: with two URLs full, a third URL's
+/// first connection is closed at once, and held once they are not.
+async fn connection_ceilings(stack: &Stack, id: &str, address: SocketAddr) {
+    // The relays of the GETs before end once the agent has closed their streams; a moment
+    // for that, so every slot is free.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut on_a = hold(address, 64).await;
     assert!(
-        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
-        "the 65th connection was not closed at once: {read:?}"
+        closed_at_once(address).await,
+        "the 65th connection was held"
     );
-    let mut first = held.swap_remove(0);
+    let mut first = on_a.swap_remove(0);
     let request = format!("GET /index.html HTTP/1.0\r\nHost: {address}\r\n\r\n");
     first.write_all(request.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
@@ -368,8 +388,39 @@ async fn connection_ceiling(address: SocketAddr) {
         .expect("a held connection still serves")
         .unwrap();
     assert!(String::from_utf8_lossy(&answer).ends_with(PAGE));
-    drop(held);
-    println!("64 connections held through {address}; the 65th closed at once");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    on_a.extend(hold(address, 1).await);
+
+    let b = address_of(
+        expose_ok(stack, id, SPARE_PORTS[0]).await["url"]
+            .as_str()
+            .unwrap(),
+    );
+    let c = address_of(
+        expose_ok(stack, id, SPARE_PORTS[1]).await["url"]
+            .as_str()
+            .unwrap(),
+    );
+    let on_b = hold(b, 64).await;
+    assert!(
+        closed_at_once(c).await,
+        "a 129th connection in the sandbox was held"
+    );
+    drop((on_a, on_b));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        held_open(c).await,
+        "the third URL holds nothing once the others are free"
+    );
+    for port in SPARE_PORTS {
+        let close = json!({"sandbox_id": id, "port": port});
+        stack.call("port::close", close).await.expect("close");
+    }
+    println!(
+        "64 connections held through {address}, the 65th closed at once; 128 in the sandbox, \
+         the 129th (another URL) closed at once"
+    );
 }
 
 /// The RFC 6455 handshake's example key, its accept value, then one masked text frame
