@@ -10,6 +10,11 @@
 //! its guest is behind the same guard in worker mode, where the ids it serves and calls are
 //! open but announcements, `engine::` and HTTP-invoked functions are judged as strictly.
 //!
+//! Where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun` (the VM lab runs them so) the same attacks come
+//! from libkrun microVMs instead, sandboxes and worker VMs alike: their guests reach the guard
+//! through TSI in the runner's network namespace and pasta's forward of the engine's port
+//! there, not through a bwrap sandbox's gate, and the microVM must boot.
+//!
 //! The guest is `bus_attacks.py`, raw protocol frames from the `pysdk` fixture image (built
 //! and pushed once, see bus_guard.rs); where bwrap, pasta or that image are missing the tests
 //! say DID NOT RUN. The guard's refusal texts are not asserted, only outcomes: the adapter
@@ -73,10 +78,30 @@ fn usable(test: &str) -> bool {
         return false;
     }
     if let Err(why) = pysdk_image() {
+        // The lab's libkrun run is there to run these: a missing image fails it.
+        assert!(!libkrun_under_test(), "{test} on libkrun: {why}");
         println!("\n*** {test} DID NOT RUN: {why} ***\n");
         return false;
     }
     true
+}
+
+/// The libkrun plugin's microVMs instead of bwrap, where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun`
+/// (as in bus_guard.rs: a microVM's guest reaches the guard through pasta's port of the
+/// runner's own network namespace, a bwrap sandbox's through its gate's forward).
+fn libkrun_under_test() -> bool {
+    std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
+}
+
+/// `bwrap` on bwrap; on libkrun `bwrap` plus the time a microVM's boot may take (the VM lab
+/// boots under emulation and waits up to `SANDBOX_LIBKRUN_BOOT_TIMEOUT_SECS` a boot, which
+/// `call_timeout` covers twice): for waits that span a guest's boot or its slower programs.
+fn on_backend(bwrap: Duration) -> Duration {
+    if libkrun_under_test() {
+        bwrap + e2e_tests::call_timeout()
+    } else {
+        bwrap
+    }
 }
 
 /// The stack with sandboxes on the bus and the bus keys of `bus`, its engine's environment
@@ -100,6 +125,12 @@ async fn worker_stack(compose: &Path, extra: Value, env: &[(&str, &str)]) -> Sta
 /// The stack with the pysdk image allowed, the configuration keys of `extra`, the engine's
 /// environment holding `env`, and the adapter started with `options`.
 async fn stack_from(extra: Value, env: &[(&str, &str)], options: &AdapterOptions) -> Stack {
+    let mut options = options.clone();
+    if libkrun_under_test() {
+        // Under the libkrun plugin's own adapter name, which is the one these tests use.
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
     let mut keys = json!({
         "custom_images": {"pysdk": pysdk_image().unwrap()},
         "image_allowlist": ["python", "pysdk"],
@@ -117,26 +148,38 @@ async fn stack_from(extra: Value, env: &[(&str, &str)], options: &AdapterOptions
         .start("127.0.0.1:0".parse().unwrap())
         .await
         .expect("start engine");
-    let adapter = Adapter::spawn(&engine.url(), options);
+    let adapter = Adapter::spawn(&engine.url(), &options);
     let client = Client::connect(&engine.url()).await.expect("client");
+    // 60 s, or `SANDBOX_E2E_START_WAIT_S` as `Stack::start` waits (the VM lab, where loading
+    // a debug plugin under emulation takes most of a minute on a busy host).
+    let wait = std::env::var("SANDBOX_E2E_START_WAIT_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(60), Duration::from_secs);
     let ready = client
-        .wait_for_function(
-            &format!("{PREFIX}::adapter::info"),
-            None,
-            Duration::from_secs(60),
-        )
+        .wait_for_function(&format!("{PREFIX}::adapter::info"), None, wait)
         .await;
     assert!(
         ready.is_ok(),
         "adapter did not register: {ready:?}\n{}",
         adapter.log()
     );
-    Stack {
+    let stack = Stack {
         engine,
         client,
         adapter,
         state_dir,
+    };
+    if libkrun_under_test() {
+        // A backend that cannot boot would refuse every create: the attacks must meet a
+        // microVM, so a refusing backend fails here instead of passing for want of a guest.
+        let info = stack.call("adapter::info", json!({})).await.expect("info");
+        assert_eq!(
+            info["backend"]["ready"], true,
+            "libkrun must boot here: {info}"
+        );
     }
+    stack
 }
 
 fn engine_port(stack: &Stack) -> u16 {
@@ -162,6 +205,18 @@ async fn attacker_sandbox(stack: &Stack) -> String {
     id
 }
 
+/// How long one attack's exec may run: 120 s; on libkrun up to a minute less than the client
+/// waits for the exec's answer (`call_timeout`, longer where the lab's boots are slow), whose
+/// programs run under emulation there.
+fn attack_timeout() -> Duration {
+    let bwrap = Duration::from_secs(120);
+    if libkrun_under_test() {
+        bwrap.max(e2e_tests::call_timeout().saturating_sub(Duration::from_secs(60)))
+    } else {
+        bwrap
+    }
+}
+
 /// Runs `bus_attacks.py MODE ARGS...` in `id`; the JSON line it printed, or
 /// `{"exec_error": ..}` when the exec itself failed (an attack that took the adapter down
 /// ends its own exec; the checks after it say what happened).
@@ -171,7 +226,7 @@ async fn attack(stack: &Stack, id: &str, args: &[&str]) -> Value {
     let answer = match sandbox_support::exec(
         stack,
         id,
-        json!({"argv": argv, "timeout_ms": 120_000}),
+        json!({"argv": argv, "timeout_ms": attack_timeout().as_millis() as u64}),
     )
     .await
     {
@@ -484,7 +539,12 @@ async fn a_guest_cannot_make_the_engine_send_its_secrets() {
     // The guest registers and calls its hooks, then holds them while the host calls them
     // too: an HTTP function's call is the engine's to send, whoever makes it.
     let args = ["http", url.as_str(), variable.as_str(), "8"];
-    let guest = attack(&stack, &id, &args);
+    let done = AtomicBool::new(false);
+    let guest = async {
+        let outcome = attack(&stack, &id, &args).await;
+        done.store(true, Ordering::SeqCst);
+        outcome
+    };
     let host = async {
         let mut answers = Vec::new();
         for hook in [
@@ -492,12 +552,7 @@ async fn a_guest_cannot_make_the_engine_send_its_secrets() {
             "guest::hook-apikey",
             "guest::hook-hmac",
         ] {
-            if stack
-                .client
-                .wait_for_function(hook, None, Duration::from_secs(5))
-                .await
-                .is_ok()
-            {
+            if listed_while_guest_runs(&stack, hook, &done).await {
                 let answer = stack
                     .client
                     .invoke(hook, json!({"from": "host"}), Duration::from_secs(10))
@@ -522,6 +577,33 @@ async fn a_guest_cannot_make_the_engine_send_its_secrets() {
         "the engine sent requests to the guest's URL: {heard}"
     );
     assert_adapter_serves(&mut stack, &other, "the HTTP-function attack").await;
+}
+
+/// Whether the engine lists `hook`: within 5 s on bwrap; on libkrun, where the guest's Python
+/// starts far slower under the lab's emulation, for as long as the guest's attack runs (`done`
+/// unset), so the host's calls are made whenever the hooks exist.
+async fn listed_while_guest_runs(stack: &Stack, hook: &str, done: &AtomicBool) -> bool {
+    if !libkrun_under_test() {
+        return stack
+            .client
+            .wait_for_function(hook, None, Duration::from_secs(5))
+            .await
+            .is_ok();
+    }
+    loop {
+        let ended = done.load(Ordering::SeqCst);
+        if stack
+            .client
+            .wait_for_function(hook, None, Duration::from_secs(1))
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        if ended {
+            return false;
+        }
+    }
 }
 
 /// 32 random hex digits (the test's secret, and a variable name no environment has).
@@ -807,7 +889,7 @@ async fn a_worker_vm_cannot_rename_or_evict_the_adapter_or_a_host_worker() {
             compose.path(),
             "attacker",
             command,
-            Duration::from_secs(60),
+            on_backend(Duration::from_secs(60)),
         ),
     )
     .await;
@@ -932,11 +1014,21 @@ async fn http_from_worker_vm(
     let command = ["python3", WORKER_ATTACKS, "http", &url, variable, "5"]
         .map(String::from)
         .to_vec();
-    let guest = run_worker_vm(stack, compose, "hooks", command, Duration::from_secs(60));
+    let within = on_backend(Duration::from_secs(60));
+    let done = AtomicBool::new(false);
+    let guest = async {
+        let outcome = run_worker_vm(stack, compose, "hooks", command, within).await;
+        done.store(true, Ordering::SeqCst);
+        outcome
+    };
     let host = async {
         let mut listed: Vec<String> = Vec::new();
         let until = tokio::time::Instant::now() + Duration::from_secs(8);
-        while tokio::time::Instant::now() < until {
+        // On libkrun the worker VM boots first (slowly, under the lab's emulation): the host
+        // watches for as long as it runs, so a hook the engine took is never missed.
+        while tokio::time::Instant::now() < until
+            || (libkrun_under_test() && !done.load(Ordering::SeqCst))
+        {
             for hook in functions(stack, None).await {
                 if HOOKS.contains(&hook.as_str()) && !listed.contains(&hook) {
                     let answer = stack
