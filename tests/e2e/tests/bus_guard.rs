@@ -398,8 +398,8 @@ async fn reaping_takes_a_guests_functions_off_the_bus() {
     let stack = stack_with(json!({"sandbox_bus_access": true})).await;
     let url = format!("ws://localhost:{}", engine_port(&stack));
     // Long enough for the guest to import the SDK and register before it is reaped: a
-    // microVM under the VM lab's emulation takes tens of seconds for it, and once (a CI
-    // rehearsal whose lab was slow) more than 60.
+    // microVM under the VM lab's emulation takes tens of seconds for it, and on a slow lab
+    // in CI more than 60.
     let idle = if libkrun_under_test() { 120 } else { 3 };
     // The guest serves past the reaping: only the reaper may take it off the bus.
     let serve_secs = (10 * idle).to_string();
