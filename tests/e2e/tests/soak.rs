@@ -334,6 +334,14 @@ async fn a_soak_at_the_caps_leaves_nothing_behind() {
     let warm = call(&stack, "create", json!({"image": "python"})).await;
     let id = warm["sandbox_id"].as_str().unwrap();
     call(&stack, "stop", json!({"sandbox_id": id, "wait": true})).await;
+    // A worker VM's first start brings up the bus guard's thread and sockets, which then
+    // serve every worker VM for the adapter's life: in the baseline too.
+    let vm = json!({"vm_id": "soak-warm"});
+    let prepare = json!({"vm_id": "soak-warm", "image": "python", "host_path": compose.path()});
+    worker_support::worker_ok(&stack, "prepare", prepare).await;
+    let start = json!({"vm_id": "soak-warm", "command": ["true"]});
+    worker_support::worker_ok(&stack, "start", start).await;
+    worker_support::worker_ok(&stack, "destroy", vm).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let own = Own::of(&stack).await;
     let start = snapshot(&stack, &own);
