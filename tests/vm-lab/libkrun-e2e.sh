@@ -13,7 +13,10 @@
 #   LAB_SUITE=more tests/vm-lab/libkrun-e2e.sh
 #                                             what does not fit in CI's 60 minutes instead
 #                                             (.ci/lab-more): the network policy's narrowing,
-#                                             DNS and name tests, and the code runner's flow
+#                                             DNS and name tests, the code runner's flow, and
+#                                             preview URLs (expose.rs; LAB_EXPOSE=0 leaves
+#                                             them out, LAB_NETWORK=0 LAB_BUS=0 runs them alone,
+#                                             LAB_EXPOSE_TESTS="word" only those tests)
 #
 # Builds what it needs (honours CARGO_TARGET_DIR); the static agent comes from
 # SANDBOX_AGENT_PATH, else agent/build-static.sh builds it. Binaries and the prebuilt fixture
@@ -66,10 +69,15 @@ bus_bin=$(grep -o '"executable":"[^"]*/bus_guard-[0-9a-f]*"' <<<"$bus_json" | ta
 snapshots_json=$(cargo test -p e2e-tests --test snapshots --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test snapshots --no-run; exit 1; }
 snapshots_bin=$(grep -o '"executable":"[^"]*/snapshots-[0-9a-f]*"' <<<"$snapshots_json" | tail -1 | cut -d'"' -f4)
+# Preview URLs (expose.rs) of microVM sandboxes: the host's listener relays each connection
+# over the agent link to a server in the guest.
+expose_json=$(cargo test -p e2e-tests --test expose --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test expose --no-run; exit 1; }
+expose_bin=$(grep -o '"executable":"[^"]*/expose-[0-9a-f]*"' <<<"$expose_json" | tail -1 | cut -d'"' -f4)
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$expose_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
   "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
@@ -80,7 +88,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$expose_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "$suite" = ci ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
     # scripts/test.sh's archive, built in the background: its lock is free once it is made.
@@ -229,7 +237,18 @@ elif [ "$mode" = test ]; then
   pass "bus guard on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun FIXTURE_CACHE=/tmp/vm-lab/fixtures \
     /tmp/vm-lab/debug/deps/$(basename "$bus_bin") --skip a_guest_flooding_the_guard \$flow --nocapture --test-threads=1
 fi
-# The "more" suite runs the network and bus passes above only.
+if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_EXPOSE:-1}" != 1 ]; then
+  echo "[lab] preview URLs on libkrun DID NOT RUN: LAB_EXPOSE is not 1"
+elif [ "$suite" = more ] && [ "$mode" = test ]; then
+  # Preview URLs of microVM sandboxes, with and without network (under network: true the
+  # guest's sockets go through TSI), as root: the page, a WebSocket, the connection ceilings,
+  # the URL closed by port::close, pause and stop; a Chromium screenshot (the host's, through
+  # the shared root) and the benchmark. The two tests take turns (they share one lock).
+  echo "[lab] preview URLs of microVM sandboxes (expose.rs, SANDBOX_E2E_PLUGIN=libkrun)"
+  pass "expose on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
+    /tmp/vm-lab/debug/deps/$(basename "$expose_bin") --test-threads=1 --nocapture ${LAB_EXPOSE_TESTS:-}
+fi
+# The "more" suite runs the network, bus and expose passes above only.
 if [ "$suite" = ci ]; then
   if [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
     echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
