@@ -85,6 +85,12 @@ failure_summary() {
 # tests need; fast when everything is there.
 step "install (scripts/install-deps.sh)"
 bash scripts/install-deps.sh
+# The preview test opens an exposed page in a browser (tests/e2e/tests/expose.rs); only the
+# tests need it, so the quickstart does not install it.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "[test.sh] installing chromium (bookworm) for the preview test"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm --no-install-recommends chromium >/dev/null
+fi
 
 step "build (workspace, static agent)"
 cargo build --workspace --all-targets
@@ -173,6 +179,30 @@ else
   # Through cargo_tests too: the lab relays its guests' cargo output, so a failing lab test's
   # panic reaches the digest like any other.
   cargo_tests "VM lab (run-tests.sh)" bash tests/vm-lab/run-tests.sh
+fi
+
+step "checks that did not run (tests/skips-allowed.txt)"
+# A check that cannot run on this host says DID NOT RUN and passes. Under
+# SANDBOX_TESTS_NO_SKIPS=1 (CI sets it) every such line must match an entry of
+# tests/skips-allowed.txt, which says why that check cannot run on a CI host; any other
+# fails the run, so a host that lost user namespaces, bwrap or the lab cannot pass on an
+# empty suite.
+skipped=$work/skipped.txt
+cat "$work"/*.log 2>/dev/null | grep -a "DID NOT RUN" | sed 's/^[ *]*//; s/[ *]*$//' | sort -u >"$skipped" || true
+echo "$(wc -l <"$skipped") distinct checks did not run:"
+sed 's/^/  /' "$skipped"
+if [ "${SANDBOX_TESTS_NO_SKIPS:-0}" = 1 ]; then
+  # Each entry's text before " | " (its reason follows); never an empty pattern, which
+  # would match every line.
+  allowed=$work/skips-allowed.patterns
+  grep -v -e '^#' tests/skips-allowed.txt | sed 's/[[:space:]]*|.*$//' | grep -v '^[[:space:]]*$' >"$allowed" || true
+  unexpected=$(grep -a -v -F -f "$allowed" "$skipped" || true)
+  [ -s "$allowed" ] || unexpected=$(cat "$skipped")
+  if [ -n "$unexpected" ]; then
+    echo "checks that did not run and are not in tests/skips-allowed.txt:"
+    printf '%s\n' "$unexpected" | sed 's/^/  /'
+    failed+=("checks that did not run")
+  fi
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
