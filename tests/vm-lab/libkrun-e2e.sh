@@ -17,6 +17,10 @@
 #                                             preview URLs (expose.rs; LAB_EXPOSE=0 leaves
 #                                             them out, LAB_NETWORK=0 LAB_BUS=0 runs them alone,
 #                                             LAB_EXPOSE_TESTS="word" only those tests)
+#   LAB_SUITE=more LAB_NETWORK=0 LAB_BUS=0 LAB_EXPOSE=0 tests/vm-lab/libkrun-e2e.sh
+#                                             only the bus guard's attacks from microVMs
+#                                             (bus_guard_attacks.rs, in the "more" suite;
+#                                             LAB_BUS_ATTACKS=0 leaves them out)
 #
 # Builds what it needs (honours CARGO_TARGET_DIR); the static agent comes from
 # SANDBOX_AGENT_PATH, else agent/build-static.sh builds it. Binaries and the prebuilt fixture
@@ -64,6 +68,10 @@ posture_bin=$(grep -o '"executable":"[^"]*/posture-[0-9a-f]*"' <<<"$posture_json
 bus_json=$(cargo test -p e2e-tests --test bus_guard --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test bus_guard --no-run; exit 1; }
 bus_bin=$(grep -o '"executable":"[^"]*/bus_guard-[0-9a-f]*"' <<<"$bus_json" | tail -1 | cut -d'"' -f4)
+# The bus guard's attacks (bus_guard_attacks.rs) from microVM sandboxes and worker VMs.
+attacks_json=$(cargo test -p e2e-tests --test bus_guard_attacks --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test bus_guard_attacks --no-run; exit 1; }
+attacks_bin=$(grep -o '"executable":"[^"]*/bus_guard_attacks-[0-9a-f]*"' <<<"$attacks_json" | tail -1 | cut -d'"' -f4)
 # Snapshots and fork (snapshots.rs) of microVM sandboxes: the runner's upper directory
 # copied through its own root, a snapshot's layers stacked by the runner.
 snapshots_json=$(cargo test -p e2e-tests --test snapshots --no-run --message-format=json 2>/dev/null) \
@@ -77,7 +85,7 @@ expose_bin=$(grep -o '"executable":"[^"]*/expose-[0-9a-f]*"' <<<"$expose_json" |
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$expose_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
   "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
@@ -88,7 +96,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$snapshots_bin" "$expose_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "$suite" = ci ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
     # scripts/test.sh's archive, built in the background: its lock is free once it is made.
@@ -237,6 +245,20 @@ elif [ "$mode" = test ]; then
   pass "bus guard on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun FIXTURE_CACHE=/tmp/vm-lab/fixtures \
     /tmp/vm-lab/debug/deps/$(basename "$bus_bin") --skip a_guest_flooding_the_guard \$flow --nocapture --test-threads=1
 fi
+if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_BUS_ATTACKS:-1}" != 1 ]; then
+  echo "[lab] the bus guard's attacks on libkrun DID NOT RUN: LAB_BUS_ATTACKS is not 1"
+elif [ "$suite" = more ] && [ "$mode" = test ] && [ "$pysdk" != 1 ]; then
+  echo "[lab] the bus guard's attacks on libkrun DID NOT RUN: no pysdk fixture (its wheels need PyPI on the host)"
+elif [ "$suite" = more ] && [ "$mode" = test ]; then
+  # The attacks a hostile guest makes through the guard (name claims on the adapter and a
+  # host worker, HTTP-invoked functions, floods, refusal churn, namespaces) from a microVM
+  # sandbox and a worker VM, whose guests reach it through TSI and pasta's port (as root).
+  echo "[lab] attacks through the bus guard from microVMs (bus_guard_attacks.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
+  FIXTURE_CACHE=/tmp/vm-lab/fixtures bash $(printf '%q' "$repo")/tests/fixtures/build-fixtures.sh \
+    "\$SANDBOX_TEST_REGISTRY" pysdk >/dev/null
+  pass "bus guard attacks on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun FIXTURE_CACHE=/tmp/vm-lab/fixtures \
+    /tmp/vm-lab/debug/deps/$(basename "$attacks_bin") --nocapture --test-threads=1
+fi
 if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_EXPOSE:-1}" != 1 ]; then
   echo "[lab] preview URLs on libkrun DID NOT RUN: LAB_EXPOSE is not 1"
 elif [ "$suite" = more ] && [ "$mode" = test ]; then
@@ -248,7 +270,7 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
   pass "expose on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
     /tmp/vm-lab/debug/deps/$(basename "$expose_bin") --test-threads=1 --nocapture ${LAB_EXPOSE_TESTS:-}
 fi
-# The "more" suite runs the network, bus and expose passes above only.
+# The "more" suite runs the network, bus, bus attack and expose passes above only.
 if [ "$suite" = ci ]; then
   if [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
     echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
