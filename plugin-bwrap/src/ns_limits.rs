@@ -50,7 +50,7 @@ pub const HOST_SHARES: u64 = 8;
 /// its user's own programs.
 pub const USER_RESERVE_SHARES: u64 = 4;
 /// An adapter that cannot raise `fs.file-max` keeps this fraction of it for the host.
-pub const HOST_FILE_RESERVE_SHARES: u64 = 2;
+pub const HOST_FILE_RESERVE_SHARES: u64 = sandbox_core::file_share::HOST_FILE_RESERVE_SHARES;
 /// A sandbox's `RLIMIT_NOFILE` where its budget allows: soft as most hosts' default (programs
 /// using `select` break on descriptors past 1024), hard what a program may raise itself to.
 pub const SANDBOX_OPEN_FILES: (u64, u64) = (1024, 4096);
@@ -81,7 +81,7 @@ const HOST_COUNTER_FILES: [&str; 4] = [
     "/proc/sys/fs/fanotify/max_user_groups",
     "/proc/sys/fs/fanotify/max_user_marks",
 ];
-const FILE_MAX: &str = "/proc/sys/fs/file-max";
+const FILE_MAX: &str = sandbox_core::file_share::FILE_MAX;
 const FILE_MAX_NAME: &str = "file-max";
 /// The host's limits before a root adapter first raised them since boot (`name value` lines).
 pub const ORIGINALS: &str = "/run/sandbox-libkrun-host-limits";
@@ -153,11 +153,11 @@ impl Share {
 
     /// `limit` as it is, 1/`shares` of it kept.
     fn kept(limit: u64, shares: u64, cap: u64) -> Share {
-        let reserve = limit.div_ceil(shares.max(1));
+        let (reserve, each) = sandbox_core::file_share::kept_and_each(limit, shares, cap);
         Share {
             limit,
             reserve,
-            each: (limit - reserve) / cap.max(1),
+            each,
             raised: false,
         }
     }

@@ -21,6 +21,7 @@ use tokio::process::Command;
 
 use crate::failure::{describe_early_exit, log_tails, stopped_without_guest_status, BootError};
 use crate::layout::Layout;
+use crate::runner_files::RunnerFiles;
 use crate::vm_spec;
 
 /// The runner binary's name, looked up next to the adapter's executable.
@@ -46,6 +47,8 @@ pub struct LibkrunBackend {
     /// host root up for and its pasta runs as: its runner attaches the images to loop
     /// devices; without it (an ordinary user) the VM mounts its image as a virtio-blk disk.
     root_ids: Option<(u32, u32)>,
+    /// Each sandbox runner's share of the host's open files (see `runner_files`).
+    runner_files: RunnerFiles,
 }
 
 /// A root adapter's subordinate ids (`root`), read once.
@@ -68,7 +71,17 @@ impl LibkrunBackend {
             egress_tools: HostTools::find(),
             mke2fs: layer_disk::find_mke2fs(),
             root_ids: root_ids(nix::unistd::geteuid().is_root()),
+            runner_files: RunnerFiles::at_start(
+                sandbox_core::Config::default().max_concurrent_sandboxes,
+            ),
         }
+    }
+
+    /// Sizes each sandbox runner's open files for `cap` sandboxes at once
+    /// (`max_concurrent_sandboxes`).
+    pub fn with_sandbox_cap(mut self, cap: usize) -> Self {
+        self.runner_files = RunnerFiles::at_start(cap);
+        self
     }
 
     /// The layout of `spec`'s layer: a worker VM's bounded by its image when we make them,
@@ -148,7 +161,14 @@ impl LibkrunBackend {
         if egress.is_some() {
             std::fs::write(&layout.resolv_conf, resolv_conf()).map_err(BootError::Layer)?;
         }
-        let (vm_spec, _) = vm_spec::build(spec, &layout, &self.tuning, egress, self.root_ids)?;
+        let (vm_spec, _) = vm_spec::build(
+            spec,
+            &layout,
+            &self.tuning,
+            egress,
+            self.root_ids,
+            self.runner_files.limit(),
+        )?;
         std::fs::write(&layout.spec, vm_spec.to_string()).map_err(BootError::Layer)?;
         // Listening before the VM exists, so the agent's first dial finds us.
         let listener = UnixListener::bind(&layout.socket).map_err(|source| BootError::Listen {
@@ -432,6 +452,7 @@ impl Backend for LibkrunBackend {
         serde_json::json!({
             "boundary": "a microVM per sandbox and per worker VM (its own kernel, KVM)",
             "runner": runner,
+            "ceilings": { "open_files": self.runner_files.describe() },
             "network": network,
             "disk": {
                 "sandboxes": "a tmpfs of default_disk_mb in the VM runner's own mount namespace holds the writable layer (ENOSPC in the guest past it; the host's disk pays nothing, its memory at most that much)",
@@ -507,6 +528,15 @@ impl Backend for LibkrunBackend {
             return Err(SandboxError::BackendUnsupported(
                 "a worker VM cannot start from a snapshot".into(),
             ));
+        }
+        // Fails closed: a sandbox whose runner's share of the host's files is too small to
+        // boot is not started (worker VMs are not counted against the cap).
+        if let Some(why) = self
+            .runner_files
+            .refusal()
+            .filter(|_| !spec.persistent_layer)
+        {
+            return Err(SandboxError::BootFailed(why.to_string()));
         }
         let egress = self.egress_for(spec)?;
         self.probe()

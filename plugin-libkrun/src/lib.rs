@@ -19,6 +19,7 @@ mod agent_wait;
 pub mod backend;
 mod failure;
 mod layout;
+mod runner_files;
 mod vm_spec;
 
 use std::sync::Arc;
@@ -35,11 +36,13 @@ fn manifest() -> Manifest {
 }
 
 fn init(config: &serde_json::Value, host: Host) -> Result<Arc<dyn Plugin>, String> {
+    // The backend sizes each sandbox runner's share of the host's open files by the cap.
+    let parsed = sandbox_core::Config::from_json(config).map_err(|e| e.to_string())?;
     Ok(SandboxPlugin::start(
         ADAPTER,
         env!("CARGO_PKG_VERSION"),
         config,
-        LibkrunBackend::new(),
+        LibkrunBackend::new().with_sandbox_cap(parsed.max_concurrent_sandboxes),
         host,
     )?)
 }

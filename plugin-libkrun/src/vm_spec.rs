@@ -41,6 +41,7 @@ pub fn build(
     tuning: &VmTuning,
     egress: Option<&NetworkSetup>,
     drop_root: Option<(u32, u32)>,
+    runner_files: u64,
 ) -> Result<(Value, VmSpec), VmSpecError> {
     let vcpus = u8::try_from(spec.cpus)
         .ok()
@@ -118,6 +119,11 @@ pub fn build(
             "count": sandbox_core::subordinate::RANGE,
             "layer": layout.dir,
         });
+    }
+    // A sandbox's runner holds its share of the host's open files; a worker VM's keeps the
+    // runner's own bound (worker VMs are not counted against max_concurrent_sandboxes).
+    if !spec.persistent_layer {
+        value["runner_nofile"] = runner_files.into();
     }
     if spec.persistent_layer {
         value["nested_virt"] = tuning.nested_virt.into();
@@ -227,6 +233,26 @@ mod tests {
         (spec, layout)
     }
 
+    /// A sandbox runner's share of the host's open files in these tests.
+    const FILES: u64 = 38_593;
+
+    #[test]
+    fn a_sandboxs_runner_carries_its_share_of_open_files_and_a_workers_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, layout) = boot_spec(dir.path(), 1, 512);
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
+        assert_eq!(value["runner_nofile"], FILES);
+        assert_eq!(vm.runner_nofile, Some(FILES));
+        assert_eq!(vm_runner::launch::runner_nofile(&vm), FILES);
+        spec.persistent_layer = true;
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
+        assert!(value.get("runner_nofile").is_none(), "{value}");
+        assert_eq!(
+            vm_runner::launch::runner_nofile(&vm),
+            vm_runner::launch::RUNNER_NOFILE
+        );
+    }
+
     fn tuned() -> VmTuning {
         VmTuning {
             hyperthreading: true,
@@ -240,7 +266,7 @@ mod tests {
     fn a_root_adapters_runner_is_told_which_ids_to_give_root_up_for() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 1, 512);
-        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
         assert_eq!(
             vm.drop_root, None,
             "an ordinary user's runner has no root to drop"
@@ -252,6 +278,7 @@ mod tests {
             &VmTuning::default(),
             None,
             Some((base, base + 7)),
+            FILES,
         )
         .unwrap();
         let drop = vm.drop_root.expect("a root adapter's runner drops root");
@@ -264,7 +291,7 @@ mod tests {
     fn spec_runs_the_agent_over_the_overlay_root_with_the_requested_resources() {
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 2, 1024);
-        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
         // Never TSI, even for a spec asking for network (the backend refuses that first).
         assert_eq!((vm.vcpus, vm.memory_mib, vm.network), (2, 1024, false));
         assert_eq!(vm.root, layout.root);
@@ -288,7 +315,7 @@ mod tests {
         let (spec, layout) = boot_spec(dir.path(), 1, 16);
         let tuning = VmTuning::default();
         assert_eq!(
-            build(&spec, &layout, &tuning, None, None)
+            build(&spec, &layout, &tuning, None, None, FILES)
                 .unwrap()
                 .1
                 .memory_mib,
@@ -297,7 +324,7 @@ mod tests {
         let (mut spec, layout) = (spec, layout);
         spec.cpus = 300;
         assert!(matches!(
-            build(&spec, &layout, &tuning, None, None),
+            build(&spec, &layout, &tuning, None, None, FILES),
             Err(VmSpecError::TooManyCpus(300))
         ));
     }
@@ -312,7 +339,7 @@ mod tests {
         spec.persistent_layer = true;
         let layout = Layout::new(&spec.layer_dir, true);
         layout.prepare(&spec.agent_path).unwrap();
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
         assert!(!vm.network, "no TSI without the egress policy: {value}");
         let overlay = vm.root_overlay.as_ref().unwrap();
         assert_eq!(
@@ -339,7 +366,15 @@ mod tests {
             None,
             egress::network::Boundary::Starter,
         );
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), Some(&setup), None).unwrap();
+        let (value, vm) = build(
+            &spec,
+            &layout,
+            &VmTuning::default(),
+            Some(&setup),
+            None,
+            FILES,
+        )
+        .unwrap();
         assert!(vm.network, "TSI: {value}");
         assert_eq!(vm.egress.as_ref(), Some(&setup), "{value}");
         assert!(
@@ -363,7 +398,7 @@ mod tests {
             "{value}"
         );
 
-        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        let (value, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
         assert!(
             !vm.network && vm.egress.is_none(),
             "no TSI without: {value}"
@@ -376,7 +411,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut spec, layout) = boot_spec(dir.path(), 2, 1024);
         spec.persistent_layer = true;
-        let (value, vm) = build(&spec, &layout, &tuned(), None, None).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None, None, FILES).unwrap();
         assert!(vm.nested_virt);
         assert_eq!(vm.virtiofs_shm_size_mib, 256);
         assert_eq!(vm.nofile_limit, Some(4096));
@@ -396,7 +431,7 @@ mod tests {
             nofile_limit: None,
             ..VmTuning::default()
         };
-        let (_, vm) = build(&spec, &layout, &quiet, None, None).unwrap();
+        let (_, vm) = build(&spec, &layout, &quiet, None, None, FILES).unwrap();
         assert_eq!(vm.nofile_limit, None);
         assert!(!krun_calls(&vm)
             .iter()
@@ -408,7 +443,7 @@ mod tests {
         use vm_runner::launch::{krun_calls, KrunCall};
         let dir = tempfile::tempdir().unwrap();
         let (spec, layout) = boot_spec(dir.path(), 1, 512);
-        let (value, vm) = build(&spec, &layout, &tuned(), None, None).unwrap();
+        let (value, vm) = build(&spec, &layout, &tuned(), None, None, FILES).unwrap();
         for field in ["nested_virt", "virtiofs_shm_size_mib", "nofile_limit"] {
             assert!(value.get(field).is_none(), "{field}: {value}");
         }
@@ -445,7 +480,7 @@ mod tests {
             },
         ];
         spec.persistent_layer = true;
-        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None).unwrap();
+        let (_, vm) = build(&spec, &layout, &VmTuning::default(), None, None, FILES).unwrap();
         assert_eq!(
             vm.mounts,
             vec![
@@ -485,7 +520,7 @@ mod tests {
             guest: "/state".into(),
         }];
         let runner_mounts = |layout: &Layout| {
-            build(&spec, layout, &VmTuning::default(), None, None)
+            build(&spec, layout, &VmTuning::default(), None, None, FILES)
                 .unwrap()
                 .1
                 .mounts
@@ -520,7 +555,7 @@ mod tests {
             read_only: false,
         }];
         assert!(matches!(
-            build(&spec, &layout, &VmTuning::default(), None, None),
+            build(&spec, &layout, &VmTuning::default(), None, None, FILES),
             Err(VmSpecError::Invalid(SpecError::BadMountPath { .. }))
         ));
     }

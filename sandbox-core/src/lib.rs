@@ -31,6 +31,7 @@ pub mod bus;
 pub mod config;
 pub mod error;
 pub mod family;
+pub mod file_share;
 pub mod functions;
 mod images;
 mod layer;

@@ -233,7 +233,7 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
     };
     // After pasta's starter (pasta keeps the bound it is given and its own flow limits), while
     // the runner may still be host root, which may raise its hard limit.
-    hold_files_for_the_guest()?;
+    hold_files_for_the_guest(runner_nofile(spec))?;
     // Before libkrun starts any thread: unshare(CLONE_NEWNS) needs a single-threaded process.
     // The overlay first, then the extra mounts inside it; all of it is seen by this process
     // (and so by libkrun's virtio-fs server) only. An ordinary user's runner needs its own
@@ -338,18 +338,27 @@ pub fn boot(spec: &VmSpec) -> Result<Infallible, LaunchError> {
 /// and directory the guest's kernel holds an inode of (until the guest forgets it), so a guest
 /// program that imports a large library (the Python iii-sdk looks up about 800 paths) passes
 /// the usual soft limit of 1024 and its opens fail with EMFILE. Bounded, soft and hard alike:
-/// each is host kernel memory, and a guest must not make its runner hold more.
+/// each is host kernel memory, and a guest must not make its runner hold more. A sandbox's
+/// runner is given a lower bound where its share of the host's `fs.file-max` is smaller
+/// (`runner_nofile`).
 pub const RUNNER_NOFILE: u64 = 65536;
 
-/// Sets the runner's RLIMIT_NOFILE to [`RUNNER_NOFILE`], or where its hard limit is lower and
-/// it may not raise it (an ordinary user, whose bound is the host's choice, e.g. systemd's
+/// What the runner's RLIMIT_NOFILE is set to: the spec's `runner_nofile`, never above
+/// [`RUNNER_NOFILE`].
+pub fn runner_nofile(spec: &VmSpec) -> u64 {
+    spec.runner_nofile
+        .map_or(RUNNER_NOFILE, |limit| limit.min(RUNNER_NOFILE))
+}
+
+/// Sets the runner's RLIMIT_NOFILE to `limit`, or where its hard limit is lower and it may
+/// not raise it (an ordinary user, whose bound is the host's choice, e.g. systemd's
 /// `LimitNOFILE`; a root without CAP_SYS_RESOURCE) to that hard limit; soft and hard equal,
 /// so nothing in the runner can raise it later.
-fn hold_files_for_the_guest() -> Result<(), LaunchError> {
+fn hold_files_for_the_guest(limit: u64) -> Result<(), LaunchError> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(LaunchError::NoFile)?;
-    match setrlimit(Resource::RLIMIT_NOFILE, RUNNER_NOFILE, RUNNER_NOFILE) {
-        Err(nix::errno::Errno::EPERM) if hard < RUNNER_NOFILE => {
+    match setrlimit(Resource::RLIMIT_NOFILE, limit, limit) {
+        Err(nix::errno::Errno::EPERM) if hard < limit => {
             setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(LaunchError::NoFile)
         }
         done => done.map_err(LaunchError::NoFile),
@@ -407,7 +416,7 @@ mod tests {
         use nix::sys::resource::{getrlimit, Resource};
         let (_, hard_before) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
         // Lowering this test process's limit to the runner's harms no other test.
-        hold_files_for_the_guest().unwrap();
+        hold_files_for_the_guest(RUNNER_NOFILE).unwrap();
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
         assert_eq!(
             soft, hard,
@@ -418,6 +427,15 @@ mod tests {
             soft == RUNNER_NOFILE || (soft == hard_before && hard_before < RUNNER_NOFILE),
             "{soft} (hard limit before: {hard_before})"
         );
+    }
+
+    #[test]
+    fn a_sandboxs_share_lowers_the_runners_files_but_never_raises_them() {
+        assert_eq!(runner_nofile(&spec(json!({}))), RUNNER_NOFILE);
+        let lower = spec(json!({"runner_nofile": 38593}));
+        assert_eq!(runner_nofile(&lower), 38593);
+        let higher = spec(json!({"runner_nofile": RUNNER_NOFILE * 4}));
+        assert_eq!(runner_nofile(&higher), RUNNER_NOFILE);
     }
 
     #[test]

@@ -159,6 +159,7 @@ mod tests {
             nested_virt: false,
             virtiofs_shm_size_mib: 0,
             nofile_limit: None,
+            runner_nofile: None,
             drop_root: None,
         }
     }

@@ -234,6 +234,11 @@ pub struct VmSpec {
     /// starts ours, so the workload and all it starts inherit it; absent: the kernel's.
     #[serde(default)]
     pub nofile_limit: Option<u64>,
+    /// The runner's own `RLIMIT_NOFILE` (soft and hard), which bounds the host files the
+    /// guest's virtio-fs and TSI use may hold open: the adapter's share of `fs.file-max` for
+    /// one sandbox; never above `RUNNER_NOFILE` (see `launch.rs`); absent: `RUNNER_NOFILE`.
+    #[serde(default)]
+    pub runner_nofile: Option<u64>,
     /// For a runner started by host root: the unprivileged host ids it becomes before the VM
     /// starts, and the layer directory every path of the VM's there is reached through (see
     /// `drop_root.rs`). Ignored by a runner that is not host root (it never had root to drop).
@@ -301,6 +306,8 @@ pub enum SpecError {
     TwoConsoles,
     #[error("nofile_limit must be at least 1 (leave it out for the kernel's default)")]
     NofileLimit,
+    #[error("runner_nofile must be at least 1 (leave it out for the runner's default)")]
+    RunnerNofile,
     #[error("egress judges the guest's network: it needs network: true")]
     EgressWithoutNetwork,
     #[error("root_overlay layers: {0} given; at most {MAX_SNAPSHOT_LAYERS}, and only with size_mib (an ephemeral layer, no image or guest_disk)")]
@@ -439,6 +446,9 @@ impl VmSpec {
         }
         if self.nofile_limit == Some(0) {
             return Err(SpecError::NofileLimit);
+        }
+        if self.runner_nofile == Some(0) {
+            return Err(SpecError::RunnerNofile);
         }
         if self.egress.is_some() && !self.network {
             return Err(SpecError::EgressWithoutNetwork);
@@ -890,6 +900,12 @@ mod tests {
         let mut v = base(dir.path());
         v["nofile_limit"] = json!(0);
         assert!(matches!(check(v), Err(SpecError::NofileLimit)));
+        let mut v = base(dir.path());
+        v["runner_nofile"] = json!(0);
+        assert!(matches!(check(v), Err(SpecError::RunnerNofile)));
+        let mut v = base(dir.path());
+        v["runner_nofile"] = json!(38593);
+        assert_eq!(check(v).unwrap().runner_nofile, Some(38593));
         let mut v = base(dir.path());
         v["egress"] = json!({"nft": "nft", "ip": "ip", "rules": "", "pasta": "pasta",
             "pasta_args": [], "forwarded_ports": [], "boundary": "Starter", "bus_forward": null,
