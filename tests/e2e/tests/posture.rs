@@ -105,7 +105,6 @@ async fn new_root(stack: &Stack, known: &[(String, u32)], program: &str) -> u32 
     );
 }
 
-/// The symbols of this run.
 /// A sandbox's open-file limit as `adapter::info` states it (`soft:hard`).
 async fn sandbox_nofile(stack: &Stack) -> Option<String> {
     let info = stack.call("adapter::info", json!({})).await.ok()?;
@@ -117,6 +116,7 @@ async fn sandbox_nofile(stack: &Stack) -> Option<String> {
     ))
 }
 
+/// The symbols of this run.
 fn context(stack: &Stack, compose: &Path, ids: &[(&str, &str)]) -> Context {
     let mut paths = vec![
         (
@@ -285,11 +285,14 @@ async fn libkrun_host_processes_match_their_table() {
     let adapter = stack.adapter.pid();
     settle(adapter, &groups, Duration::from_secs(60));
 
-    let context = context(
-        &stack,
-        &compose,
-        &[(&net, "{net}"), (&nonet, "{nonet}"), (WORKER, "{worker}")],
-    );
+    let context = Context {
+        sandbox_nofile: sandbox_nofile(&stack).await,
+        ..context(
+            &stack,
+            &compose,
+            &[(&net, "{net}"), (&nonet, "{nonet}"), (WORKER, "{worker}")],
+        )
+    };
     let (mut observed, watched) = observe(adapter, &groups, &context);
     let outcome = parent_death::measure(&watched, || stack.adapter.kill9());
     add_parent_death(&mut observed, &outcome);
