@@ -18,9 +18,10 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 /// launcher, whose stderr the adapter made a pipe into the log it keeps within its bound.
 pub const LOG_IN_LAUNCHER: &str = "/proc/self/fd/2";
 
-/// Where a root adapter's launcher gathers, in its private mount namespace, the idmapped
-/// copies of what the sandbox sees (see the launcher's `stage_idmapped`): its layer is at
-/// `STAGE/layer`.
+/// Where the launcher gathers, in its private mount namespace, the copies of what the
+/// sandbox sees (idmapped for a root adapter; see the launcher's `stage`), so that the
+/// guest's mountinfo names these paths, never the adapter's: its layer is at `STAGE/layer`.
+/// An ordinary user's FUSE-disk worker VM is not staged.
 pub const STAGE: &str = "/tmp";
 
 /// Everything the launcher needs once the sandbox is known.

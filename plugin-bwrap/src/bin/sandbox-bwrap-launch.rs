@@ -181,7 +181,7 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
         if let Some(disk) = image_disk {
             disk.mount().map_err(|e| e.to_string())?;
         }
-        let staged = stage_idmapped(command, &userns).map_err(|e| e.to_string())?;
+        let staged = stage(command, Some((&userns, map))).map_err(|e| e.to_string())?;
         userns::enter(&userns, map).map_err(|e| e.to_string())?;
         // A mount namespace of the sandbox's user namespace, where its root may mount the
         // overlay; the staged mounts come along, locked.
@@ -204,13 +204,27 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
         disk.mount()
             .map_err(|e| format!("cannot mount the sandbox's layer: {e}"))?;
     }
-    match own_disk.and_then(|d| d.fuse.as_ref()) {
+    let fuse = own_disk.and_then(|d| d.fuse.clone());
+    // An ordinary user's sandbox: staged too, so that the overlay's options (which the
+    // guest reads in its mountinfo) name the stage, not the adapter's home. After the disk,
+    // which the layer's clone carries along. A FUSE disk is served at the paths it was
+    // mounted with, so a worker VM's is left where it is.
+    let (command, args) = if !map.needs_idmapped_mounts() && fuse.is_none() {
+        stage(&command, None).map_err(|e| e.to_string())?
+    } else {
+        (command, args)
+    };
+    match fuse {
         // The kernel's overlayfs refuses an upper layer on FUSE (see `fuse_disk.rs`).
         Some(_) if !command.layers.is_empty() => {
             return Err("a worker VM's disk cannot stack snapshot layers".into())
         }
         Some(fuse) => {
-            let disk = own_disk.map(|d| d.at.as_str()).unwrap_or_default();
+            let disk = command
+                .disk
+                .as_ref()
+                .map(|d| d.at.as_str())
+                .unwrap_or_default();
             fuse.mount_overlay(
                 Path::new(&command.lower),
                 Path::new(disk),
@@ -246,22 +260,33 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
     Err(format!("cannot start {}: {error}", command.bwrap))
 }
 
-/// Where a root adapter's launcher gathers what the sandbox sees: a tmpfs of its own private
-/// mount namespace (the host's `/tmp` is untouched), which the sandbox's root may traverse
-/// where the state directory's parents (`/root`, a 0700 temp dir) would stop it.
+/// Where the launcher gathers what the sandbox sees: a tmpfs of its own private mount
+/// namespace (the host's `/tmp` is untouched), which the sandbox's root may traverse where the
+/// state directory's parents (`/root`, a 0700 temp dir) would stop it, and whose names are
+/// all the guest's mountinfo shows of the host's layout.
 const STAGE: &str = plugin_bwrap::launch::STAGE;
 
 /// Shows the image root, the sandbox's layer and every bind source to the sandbox through
-/// idmapped copies gathered under [`STAGE`]; the command and bwrap arguments to use instead.
-fn stage_idmapped(
+/// copies gathered under [`STAGE`], idmapped through `idmap`'s namespace when given (a root
+/// adapter), else as they are; the agent (the program bwrap runs) is copied onto the stage,
+/// since a bind's root in mountinfo is its source's path in its filesystem. Returns the
+/// command and bwrap arguments to use instead.
+fn stage(
     command: &LaunchCommand,
-    userns: &OwnedFd,
+    idmap: Option<(&OwnedFd, IdMap)>,
 ) -> std::io::Result<(LaunchCommand, Vec<String>)> {
     let mut args = parse_args(&command.args);
+    let clone = |path: &str| match idmap {
+        Some((userns, _)) => idmap_mount::idmapped_clone(Path::new(path), userns),
+        None => idmap_mount::plain_clone(Path::new(path)),
+    };
     // Clones first: the stage covers /tmp, where the originals may live.
-    let lower = idmap_mount::idmapped_clone(Path::new(&command.lower), userns)?;
+    let lower = clone(&command.lower)?;
     // Recursive: the layer's disk image is mounted in it.
-    let layer = idmap_mount::idmapped_clone_tree(Path::new(&command.layer), userns)?;
+    let layer = match idmap {
+        Some((userns, _)) => idmap_mount::idmapped_clone_tree(Path::new(&command.layer), userns)?,
+        None => idmap_mount::plain_clone_tree(Path::new(&command.layer))?,
+    };
     // A snapshot's layer holds the sandbox's host ids already (it was copied from a layer the
     // sandbox's namespace wrote): shown as it is.
     let snapshot_layers = command
@@ -269,9 +294,35 @@ fn stage_idmapped(
         .iter()
         .map(|layer| idmap_mount::plain_clone(Path::new(layer)))
         .collect::<std::io::Result<Vec<_>>>()?;
+    let program = args
+        .iter()
+        .skip_while(|arg| !matches!(arg, Arg::Plain(a) if a == "--"))
+        .nth(1);
+    let program = match program {
+        Some(Arg::Plain(program)) => Some(program.clone()),
+        _ => None,
+    };
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
+            // Opened now, copied once the stage is up: it may live under /tmp.
+            Arg::Bind { flag, source, dest }
+                if flag == "--ro-bind" && program.as_ref() == Some(dest) =>
+            {
+                binds.push(Some(Staged::Copy(
+                    open_file(source)?,
+                    "sandbox-agent".into(),
+                )))
+            }
+            // A file the adapter wrote in the layer (a networked sandbox's resolv.conf).
+            Arg::Bind { flag, source, .. }
+                if flag == "--ro-bind"
+                    && Path::new(source).starts_with(&command.layer)
+                    && std::fs::symlink_metadata(source)?.is_file() =>
+            {
+                let name = format!("file-{}", binds.len());
+                binds.push(Some(Staged::Copy(open_file(source)?, name)))
+            }
             // The merged root is the overlay, mounted inside the staged layer later; a
             // worker's `/state` in the layer's image is shown through the staged layer, whose
             // idmap makes it the sandbox's own (like `upper`).
@@ -287,14 +338,28 @@ fn stage_idmapped(
                 let tree = if flag == "--bind" {
                     idmap_mount::plain_clone(Path::new(source))?
                 } else {
-                    idmap_mount::idmapped_clone(Path::new(source), userns)?
+                    clone(source)?
                 };
-                binds.push(Some((tree, is_dir)));
+                binds.push(Some(Staged::Tree(tree, is_dir)));
             }
             Arg::Plain(_) => {}
         }
     }
+    // An ordinary user's adapter names the sandbox's upper directory by its host path (a
+    // snapshot's copy reads it through this namespace): where the stage covers that path, a
+    // second copy of the layer is put back there, before anything else is placed, so that a
+    // clash with a staged name fails instead of mixing the two.
+    let layer_at_host = match idmap {
+        None if Path::new(&command.layer).starts_with(STAGE) => {
+            Some(idmap_mount::plain_clone_tree(Path::new(&command.layer))?)
+        }
+        _ => None,
+    };
     let stage = idmap_mount::Stage::mount(Path::new(STAGE))?;
+    if let Some(tree) = layer_at_host {
+        std::fs::create_dir_all(&command.layer)?;
+        idmap_mount::attach(&tree, Path::new(&command.layer))?;
+    }
     let place = |tree: &OwnedFd, name: &str, is_dir: bool| -> std::io::Result<String> {
         Ok(stage.place(tree, name, is_dir)?.display().to_string())
     };
@@ -333,9 +398,14 @@ fn stage_idmapped(
     for arg in &mut args {
         if let Arg::Bind { source, .. } = arg {
             *source = match binds.next().flatten() {
-                Some((tree, is_dir)) => {
+                Some(Staged::Tree(tree, is_dir)) => {
                     index += 1;
                     place(&tree, &format!("bind-{index}"), is_dir)?
+                }
+                Some(Staged::Copy(mut from, name)) => {
+                    let at = Path::new(STAGE).join(name);
+                    copy_read_only(&mut from, &at, idmap.map(|(_, map)| map))?;
+                    at.display().to_string()
                 }
                 None => in_layer(source)?,
             };
@@ -343,6 +413,45 @@ fn stage_idmapped(
     }
     let args = render_args(args);
     Ok((staged, args))
+}
+
+/// What one bind's source becomes on the stage.
+enum Staged {
+    /// A copy of the mount (a directory's when the flag is set, else a file's).
+    Tree(OwnedFd, bool),
+    /// A file copied onto the stage's tmpfs under this name: a bind's root in mountinfo is its
+    /// source's path in its filesystem, which a copy on the stage keeps neutral.
+    Copy(File, String),
+}
+
+/// A regular file of the adapter's, never through a link.
+fn open_file(path: &str) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{path} is not a file")));
+    }
+    Ok(file)
+}
+
+/// Copies `from` to `at` on the stage with its modes but write; a root adapter's copy is owned
+/// by the sandbox's root (no idmap shows it), an ordinary user's is already.
+fn copy_read_only(from: &mut File, at: &Path, idmap: Option<IdMap>) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(at)?;
+    std::io::copy(from, &mut to)?;
+    if let Some(map) = idmap {
+        std::os::unix::fs::fchown(&to, Some(map.uid_base), Some(map.gid_base))?;
+    }
+    let mode = from.metadata()?.permissions().mode() & 0o555;
+    to.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 
 /// bwrap's bind options: the only options of ours that name a host path.

@@ -103,3 +103,47 @@ async fn a_worker_vm_cannot_write_its_read_only_mounts_or_escape() {
     canary.assert_untouched();
     assert_only_entries(project.path(), &["main.txt"]);
 }
+
+/// A sandbox's mountinfo tells its guest nothing of the host's layout: no line names the
+/// adapter's state or cache directory, its user's home, or where the agent and the adapter's
+/// binaries live (the launcher stages the overlay's layers under neutral names and copies
+/// the agent, and a networked sandbox's resolv.conf, onto its stage).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_mountinfo_names_no_host_path() {
+    if !bwrap_usable("a_sandbox_mountinfo_names_no_host_path") {
+        return;
+    }
+    let stack = Stack::bwrap().await;
+    let home = match e2e_tests::adapter_user() {
+        Some(user) => user.home,
+        None => std::env::var_os("HOME").map_or_else(|| "/root".into(), Into::into),
+    };
+    let agent = e2e_tests::agent_bin();
+    let host_paths = [
+        stack.state_dir.path().to_path_buf(),
+        e2e_tests::shared_cache_dir(),
+        home,
+        e2e_tests::bin_dir(),
+        agent.clone(),
+        agent
+            .parent()
+            .expect("the agent is in a directory")
+            .to_path_buf(),
+    ];
+    for network in [false, true] {
+        let id = create(&stack, "python", json!({ "network": network })).await;
+        let answer = exec_ok(&stack, &id, json!({"cmd": "cat /proc/self/mountinfo"})).await;
+        let mountinfo = stdout(&answer);
+        println!("mountinfo of a sandbox with network {network}:\n{mountinfo}");
+        assert!(mountinfo.contains(" / / "), "no root in {mountinfo}");
+        for path in &host_paths {
+            let path = path.display().to_string();
+            assert!(path.len() > 1, "{path} is too short to look for");
+            let named: Vec<&str> = mountinfo
+                .lines()
+                .filter(|line| line.contains(&path))
+                .collect();
+            assert!(named.is_empty(), "mountinfo names {path}: {named:#?}");
+        }
+    }
+}
