@@ -10,13 +10,14 @@
 //! tests/fixtures/iii-sdk-py.txt), built and pushed here once: where PyPI cannot be reached the
 //! tests say DID NOT RUN.
 
+mod bus_support;
 mod sandbox_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use e2e_tests::{bwrap_usable, AdapterOptions, Stack};
+use bus_support::{libkrun_under_test, pysdk_image, usable};
+use e2e_tests::{AdapterOptions, Stack};
 use iii_sdk::runtime::WorkerMetadata;
 use iii_sdk::{register_worker, IIIClient, InitOptions, RegisterFunction, WorkerIdentityMode};
 use sandbox_support::{create, eventually, exec, exec_ok, stdout};
@@ -25,51 +26,6 @@ use serde_json::{json, Value};
 const GUEST: &str = include_str!("bus_guest.py");
 const PROBE: &str = include_str!("iii_worker.py");
 const GUEST_PATH: &str = "/root/guest.py";
-
-/// The pysdk fixture in the test registry (built and pushed once per test process), or why
-/// not.
-fn pysdk_image() -> Result<String, String> {
-    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            let registry = e2e_tests::registry();
-            let out = std::process::Command::new("bash")
-                .arg(e2e_tests::repo_root().join("tests/fixtures/build-fixtures.sh"))
-                .args([registry, "pysdk"])
-                .output()
-                .map_err(|e| format!("cannot run build-fixtures.sh: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "the pysdk fixture could not be built: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            Ok(format!("{registry}/fixtures/python-iii:latest"))
-        })
-        .clone()
-}
-
-/// Whether the test can run here (bwrap, pasta, the pysdk image); says why not.
-fn usable(test: &str) -> bool {
-    if !bwrap_usable(test) {
-        return false;
-    }
-    if std::process::Command::new("pasta")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        println!("\n*** {test} DID NOT RUN: needs pasta for sandboxes with network ***\n");
-        return false;
-    }
-    if let Err(why) = pysdk_image() {
-        // The lab's libkrun run is there to run these: a missing image fails it.
-        assert!(!libkrun_under_test(), "{test} on libkrun: {why}");
-        println!("\n*** {test} DID NOT RUN: {why} ***\n");
-        return false;
-    }
-    true
-}
 
 /// The stack: bwrap (or libkrun, see [`libkrun_under_test`]), the pysdk image allowed, the
 /// bus keys of `bus` on top.
@@ -96,13 +52,6 @@ async fn stack_with(bus: Value) -> Stack {
         "libkrun must boot here: {info}"
     );
     stack
-}
-
-/// The libkrun plugin's microVMs instead of bwrap, where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun`
-/// (the VM lab runs these tests so: a microVM's guest reaches the guard through pasta's port
-/// of the runner's own network namespace, a bwrap sandbox's through its gate's forward).
-fn libkrun_under_test() -> bool {
-    std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
 }
 
 fn engine_port(stack: &Stack) -> u16 {

@@ -21,15 +21,17 @@
 //! alive and serving, the host's workers and functions unchanged, nothing sent from the host,
 //! and bounds on what the engine and the adapter's log were made to hold.
 
+mod bus_support;
 mod sandbox_support;
 mod worker_support;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_tests::{bwrap_usable, Adapter, AdapterOptions, Client, Stack, PREFIX};
+use bus_support::{libkrun_under_test, pysdk_image, usable};
+use e2e_tests::{Adapter, AdapterOptions, Client, Stack, PREFIX};
 use iii_sdk::runtime::WorkerMetadata;
 use iii_sdk::{register_worker, IIIClient, InitOptions, RegisterFunction, WorkerIdentityMode};
 use iii_test_engine::{Engine, EngineStats};
@@ -40,58 +42,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const ATTACKS: &str = include_str!("bus_attacks.py");
 const ATTACKS_PATH: &str = "/root/attacks.py";
 const WAIT: Duration = Duration::from_secs(20);
-
-/// The pysdk fixture in the test registry (built and pushed once per test process), or why
-/// not.
-fn pysdk_image() -> Result<String, String> {
-    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            let registry = e2e_tests::registry();
-            let out = std::process::Command::new("bash")
-                .arg(e2e_tests::repo_root().join("tests/fixtures/build-fixtures.sh"))
-                .args([registry, "pysdk"])
-                .output()
-                .map_err(|e| format!("cannot run build-fixtures.sh: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "the pysdk fixture could not be built: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            Ok(format!("{registry}/fixtures/python-iii:latest"))
-        })
-        .clone()
-}
-
-/// Whether the test can run here (bwrap, pasta, the pysdk image); says why not.
-fn usable(test: &str) -> bool {
-    if !bwrap_usable(test) {
-        return false;
-    }
-    if std::process::Command::new("pasta")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        println!("\n*** {test} DID NOT RUN: needs pasta for sandboxes with network ***\n");
-        return false;
-    }
-    if let Err(why) = pysdk_image() {
-        // The lab's libkrun run is there to run these: a missing image fails it.
-        assert!(!libkrun_under_test(), "{test} on libkrun: {why}");
-        println!("\n*** {test} DID NOT RUN: {why} ***\n");
-        return false;
-    }
-    true
-}
-
-/// The libkrun plugin's microVMs instead of bwrap, where `SANDBOX_E2E_NETWORK_PLUGIN=libkrun`
-/// (as in bus_guard.rs: a microVM's guest reaches the guard through pasta's port of the
-/// runner's own network namespace, a bwrap sandbox's through its gate's forward).
-fn libkrun_under_test() -> bool {
-    std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
-}
 
 /// `bwrap` on bwrap; on libkrun `bwrap` plus the time a microVM's boot may take (the VM lab
 /// boots under emulation and waits up to `SANDBOX_LIBKRUN_BOOT_TIMEOUT_SECS` a boot, which
