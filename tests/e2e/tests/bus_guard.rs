@@ -64,21 +64,7 @@ fn engine_port(stack: &Stack) -> u16 {
 /// The code runner's create: the image, network, and the engine's URL at the guest's
 /// localhost.
 async fn code_runner_sandbox(stack: &Stack) -> String {
-    let url = format!("ws://localhost:{}", engine_port(stack));
-    let id = create(
-        stack,
-        "pysdk",
-        json!({"network": true, "env": {"III_URL": url}}),
-    )
-    .await;
-    stack
-        .call(
-            "fs::write",
-            json!({"sandbox_id": id, "path": GUEST_PATH, "content": GUEST, "parents": true}),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("fs::write: {e:?}"));
-    id
+    bus_support::guest_sandbox(stack, GUEST_PATH, GUEST).await
 }
 
 /// A worker of the host, named `host-worker`, serving `ids` (each answers `{echo: input}`).

@@ -132,27 +132,9 @@ async fn stack_from(extra: Value, env: &[(&str, &str)], options: &AdapterOptions
     stack
 }
 
-fn engine_port(stack: &Stack) -> u16 {
-    stack.engine.addr().port()
-}
-
 /// A sandbox on the bus with network, the engine at its localhost, `bus_attacks.py` written.
 async fn attacker_sandbox(stack: &Stack) -> String {
-    let url = format!("ws://localhost:{}", engine_port(stack));
-    let id = create(
-        stack,
-        "pysdk",
-        json!({"network": true, "env": {"III_URL": url}}),
-    )
-    .await;
-    stack
-        .call(
-            "fs::write",
-            json!({"sandbox_id": id, "path": ATTACKS_PATH, "content": ATTACKS, "parents": true}),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("fs::write: {e:?}"));
-    id
+    bus_support::guest_sandbox(stack, ATTACKS_PATH, ATTACKS).await
 }
 
 /// How long one attack's exec may run: 120 s; on libkrun up to a minute less than the client

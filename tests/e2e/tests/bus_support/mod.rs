@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-use e2e_tests::bwrap_usable;
+use e2e_tests::{bwrap_usable, Stack};
+use serde_json::json;
 
 /// The pysdk fixture in the test registry (built and pushed once per test process), or why
 /// not.
@@ -55,4 +56,24 @@ pub fn usable(test: &str) -> bool {
 /// of the runner's own network namespace, a bwrap sandbox's through its gate's forward).
 pub fn libkrun_under_test() -> bool {
     std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
+}
+
+/// A sandbox with network and the engine's URL at its localhost, as iii's code runner creates
+/// it, on the `pysdk` image, with `program` written at `path`.
+pub async fn guest_sandbox(stack: &Stack, path: &str, program: &str) -> String {
+    let url = format!("ws://localhost:{}", stack.engine.addr().port());
+    let id = crate::sandbox_support::create(
+        stack,
+        "pysdk",
+        json!({"network": true, "env": {"III_URL": url}}),
+    )
+    .await;
+    stack
+        .call(
+            "fs::write",
+            json!({"sandbox_id": id, "path": path, "content": program, "parents": true}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("fs::write: {e:?}"));
+    id
 }
