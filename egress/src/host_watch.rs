@@ -8,15 +8,18 @@
 //! later. So the sandbox's resolver proxy (a process of its own, in the ruleset's namespace,
 //! with CAP_NET_ADMIN there for `nft`) also holds an rtnetlink socket it opened in the host's
 //! network namespace, subscribed to the host's address changes (`RTM_NEWADDR`,
-//! `RTM_DELADDR`), and rewrites both sets after every change in one `nft` transaction (the
-//! sets are never seen empty or half-written). A socket belongs to the namespace it was
+//! `RTM_DELADDR`) and its routes of type `local` (`RTM_NEWROUTE`, `RTM_DELROUTE`: an AnyIP
+//! route such as `ip route add local 198.51.100.0/24 dev lo` makes the host answer on every
+//! address of the prefix, none of which is an interface's address), and rewrites both sets
+//! after every change in one `nft` transaction (the sets are never seen empty or
+//! half-written). A socket belongs to the namespace it was
 //! opened in: it keeps hearing the host after the proxy moved into the sandbox's.
 //!
 //! The kernel lets any user receive rtnetlink's address notifications and dump the
 //! addresses (as `ip monitor` does): the proxy needs no privilege of the host's for it.
 //!
-//! The subscription comes first, then a dump of every address: nothing that changes in
-//! between is missed. Notifications the socket had no room for (`ENOBUFS`) make it dump
+//! The subscription comes first, then a dump of every address and then of every route:
+//! nothing that changes in between is missed. Notifications the socket had no room for (`ENOBUFS`) make it dump
 //! again. If the socket fails for good, the sets are made to hold every address (the
 //! sandbox loses its network rather than be let at the host's).
 //!
@@ -35,19 +38,24 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use ipnet::IpNet;
+
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use tokio::io::unix::AsyncFd;
 
 use crate::network::host_sets_script;
 
-/// rtnetlink's multicast groups of the IPv4 and IPv6 address changes (`RTNLGRP_*`).
+/// rtnetlink's multicast groups of the IPv4 and IPv6 address and route changes (`RTNLGRP_*`).
 const RTNLGRP_IPV4_IFADDR: u32 = 5;
+const RTNLGRP_IPV4_ROUTE: u32 = 7;
 const RTNLGRP_IPV6_IFADDR: u32 = 9;
+const RTNLGRP_IPV6_ROUTE: u32 = 11;
 /// The largest datagram read at once (the kernel's dump fills at most a page or two).
 const RECEIVE_BUFFER: usize = 64 * 1024;
 /// How long after a failed `nft` run the sets are written again.
@@ -65,22 +73,28 @@ impl HostWatch {
     pub fn open() -> io::Result<HostWatch> {
         let mut socket = Socket::new(NETLINK_ROUTE)?;
         socket.bind(&SocketAddr::new(0, 0))?;
-        socket.add_membership(RTNLGRP_IPV4_IFADDR)?;
-        socket.add_membership(RTNLGRP_IPV6_IFADDR)?;
+        for group in [
+            RTNLGRP_IPV4_IFADDR,
+            RTNLGRP_IPV6_IFADDR,
+            RTNLGRP_IPV4_ROUTE,
+            RTNLGRP_IPV6_ROUTE,
+        ] {
+            socket.add_membership(group)?;
+        }
         socket.set_non_blocking(true)?;
         Ok(HostWatch { socket })
     }
 
-    /// Asks for every address of the host (answered on the same socket, among the changes).
-    fn request_dump(&self) -> io::Result<()> {
+    /// Asks for every address or every route of the host (answered on the same socket, among
+    /// the changes; one dump at a time).
+    fn request_dump(&self, dump: Dump) -> io::Result<()> {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let mut packet = NetlinkMessage::new(
-            header,
-            NetlinkPayload::InnerMessage(
-                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            ),
-        );
+        let request = match dump {
+            Dump::Addresses => RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Dump::Routes => RouteNetlinkMessage::GetRoute(RouteMessage::default()),
+        };
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(request));
         packet.finalize();
         let mut out = vec![0; packet.buffer_len()];
         packet.serialize(&mut out);
@@ -89,15 +103,26 @@ impl HostWatch {
     }
 }
 
+/// What one dump lists: the host's addresses first, then its routes (the addresses' dump
+/// must end before the kernel takes the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dump {
+    Addresses,
+    Routes,
+}
+
 /// The host's addresses as the messages read so far describe them.
 #[derive(Debug, Default)]
 pub(crate) struct Addresses {
     /// (interface index, address): one address may be on two interfaces, and stays the
     /// host's until it is on none.
     known: BTreeSet<(u32, IpAddr)>,
-    /// A dump is being answered: the sets wait for its end (a partial list would release
+    /// (table, prefix) of each route of type `local`: the host answers on every address of
+    /// the prefix.
+    local_routes: BTreeSet<(u32, IpNet)>,
+    /// The dump being answered: the sets wait for both to end (a partial list would release
     /// addresses the host still has).
-    dumping: bool,
+    dumping: Option<Dump>,
     /// Notifications were lost while a dump was under way: dump again once it ends.
     lost: bool,
     /// Dumps the kernel refused in a row.
@@ -108,31 +133,42 @@ pub(crate) struct Addresses {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Next {
     Nothing,
-    /// Notifications were lost: ask for a dump.
+    /// Notifications were lost: ask for a dump of the addresses (the routes' follows).
     Dump,
+    /// The addresses' dump ended: ask for the routes'.
+    DumpRoutes,
 }
 
 impl Addresses {
-    /// The host's addresses, each once.
-    pub(crate) fn current(&self) -> BTreeSet<IpAddr> {
-        self.known.iter().map(|(_, addr)| *addr).collect()
+    /// The host's addresses and its local routes' prefixes, each once.
+    pub(crate) fn current(&self) -> BTreeSet<IpNet> {
+        self.known
+            .iter()
+            .map(|(_, addr)| IpNet::from(*addr))
+            .chain(self.local_routes.iter().map(|(_, net)| *net))
+            .collect()
     }
 
     /// Whether the sets may be written from [`Self::current`] (no dump half-read).
     pub(crate) fn settled(&self) -> bool {
-        !self.dumping
+        self.dumping.is_none()
     }
 
-    /// A dump was asked for: what it lists replaces what is known.
-    pub(crate) fn dump_started(&mut self) {
-        self.known.clear();
-        self.dumping = true;
-        self.lost = false;
+    /// A dump was asked for: what it lists replaces what is known of its kind.
+    pub(crate) fn dump_started(&mut self, dump: Dump) {
+        match dump {
+            Dump::Addresses => {
+                self.known.clear();
+                self.lost = false;
+            }
+            Dump::Routes => self.local_routes.clear(),
+        }
+        self.dumping = Some(dump);
     }
 
     /// The socket had no room for some notifications.
     pub(crate) fn overrun(&mut self) -> Next {
-        if self.dumping {
+        if self.dumping.is_some() {
             self.lost = true;
             Next::Nothing
         } else {
@@ -163,17 +199,31 @@ impl Addresses {
                         self.known.remove(&entry);
                     }
                 }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(route)) => {
+                    if let Some(entry) = local_route(&route) {
+                        self.local_routes.insert(entry);
+                    }
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelRoute(route)) => {
+                    if let Some(entry) = local_route(&route) {
+                        self.local_routes.remove(&entry);
+                    }
+                }
                 NetlinkPayload::Done(_) => {
-                    self.dumping = false;
                     self.refused = 0;
                     if std::mem::take(&mut self.lost) {
+                        self.dumping = None;
                         next = Next::Dump;
+                    } else if self.dumping == Some(Dump::Addresses) {
+                        next = Next::DumpRoutes;
+                    } else {
+                        self.dumping = None;
                     }
                 }
                 NetlinkPayload::Overrun(_) => next = self.overrun(),
                 NetlinkPayload::Error(error) if error.code.is_some() => {
                     // The dump was refused: ask again rather than keep a partial list.
-                    self.dumping = false;
+                    self.dumping = None;
                     self.refused += 1;
                     next = Next::Dump;
                 }
@@ -200,6 +250,23 @@ fn entry(message: &AddressMessage) -> Option<(u32, IpAddr)> {
     Some((message.header.index, local.or(address)?))
 }
 
+/// The table and prefix of a route of type `local` (the local table holds one per address
+/// of the host, and an AnyIP route's whole prefix); `None` for any other route.
+fn local_route(message: &RouteMessage) -> Option<(u32, IpNet)> {
+    if message.header.kind != RouteType::Local {
+        return None;
+    }
+    let table = message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Table(table) => Some(*table),
+            _ => None,
+        })
+        .unwrap_or(u32::from(message.header.table));
+    Some((table, crate::rtnetlink::destination(message)?))
+}
+
 /// Follows the host's addresses with `watch` until the process ends, writing them into this
 /// process's namespace's host sets with `nft`; `log` says what went wrong.
 pub async fn follow(watch: HostWatch, nft: String, log: impl Fn(&str)) {
@@ -210,35 +277,40 @@ pub async fn follow(watch: HostWatch, nft: String, log: impl Fn(&str)) {
         Err(e) => return give_up(&nft, &log, &format!("cannot wait on the socket: {e}")).await,
     };
     let mut addresses = Addresses::default();
-    let mut written: Option<BTreeSet<IpAddr>> = None;
+    let mut written: Option<BTreeSet<IpNet>> = None;
     let mut failed_write = false;
-    let mut dump = true;
+    let mut dump = Some(Dump::Addresses);
     let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
     loop {
-        if std::mem::take(&mut dump) {
+        if let Some(kind) = dump.take() {
             if addresses.refused >= MAX_REFUSED_DUMPS {
                 return give_up(&nft, &log, "the kernel refuses to list them").await;
             }
-            if let Err(e) = watch.get_ref().request_dump() {
+            if let Err(e) = watch.get_ref().request_dump(kind) {
                 return give_up(&nft, &log, &format!("cannot list them: {e}")).await;
             }
-            addresses.dump_started();
+            addresses.dump_started(kind);
         }
         // Everything queued is read before the sets are written: a burst of changes costs
-        // one `nft` run.
+        // one `nft` run. A full dump asked for wins over the routes' half of one.
+        let want = |next: Next, dump: &mut Option<Dump>| match next {
+            Next::Dump => *dump = Some(Dump::Addresses),
+            Next::DumpRoutes if dump.is_none() => *dump = Some(Dump::Routes),
+            _ => {}
+        };
         loop {
             buffer.clear();
             match watch.get_ref().socket.recv(&mut buffer, 0) {
-                Ok(_) => dump |= addresses.read(&buffer) == Next::Dump,
+                Ok(_) => want(addresses.read(&buffer), &mut dump),
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    dump |= addresses.overrun() == Next::Dump;
+                    want(addresses.overrun(), &mut dump);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return give_up(&nft, &log, &format!("cannot read them: {e}")).await,
             }
         }
-        if dump {
+        if dump.is_some() {
             continue;
         }
         if addresses.settled() {
@@ -289,9 +361,9 @@ async fn give_up(nft: &str, log: &impl Fn(&str), why: &str) {
     }
 }
 
-async fn write_sets(nft: &str, addresses: &BTreeSet<IpAddr>) -> Result<(), String> {
-    let addresses: Vec<IpAddr> = addresses.iter().copied().collect();
-    run_nft(nft, host_sets_script(Some(&addresses))).await
+async fn write_sets(nft: &str, nets: &BTreeSet<IpNet>) -> Result<(), String> {
+    let nets: Vec<IpNet> = nets.iter().copied().collect();
+    run_nft(nft, host_sets_script(Some(&nets))).await
 }
 
 async fn run_nft(nft: &str, script: String) -> Result<(), String> {
@@ -347,19 +419,45 @@ mod tests {
         encode(NetlinkPayload::Done(DoneMessage::default()))
     }
 
-    fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
-        list.iter().map(|a| a.parse().unwrap()).collect()
+    fn ips(list: &[&str]) -> BTreeSet<IpNet> {
+        list.iter()
+            .map(|a| IpNet::from(a.parse::<IpAddr>().unwrap()))
+            .collect()
+    }
+
+    fn route(new: bool, kind: RouteType, table: u8, destination: &str) -> Vec<u8> {
+        let net: IpNet = destination.parse().unwrap();
+        let mut body = RouteMessage::default();
+        body.header.address_family = match net {
+            IpNet::V4(_) => AddressFamily::Inet,
+            IpNet::V6(_) => AddressFamily::Inet6,
+        };
+        body.header.destination_prefix_length = net.prefix_len();
+        body.header.table = table;
+        body.header.kind = kind;
+        body.attributes.push(RouteAttribute::Destination(
+            netlink_packet_route::route::RouteAddress::from(net.addr()),
+        ));
+        let inner = if new {
+            RouteNetlinkMessage::NewRoute(body)
+        } else {
+            RouteNetlinkMessage::DelRoute(body)
+        };
+        encode(NetlinkPayload::InnerMessage(inner))
     }
 
     #[test]
     fn a_dump_then_changes_give_the_hosts_addresses() {
         let mut addresses = Addresses::default();
-        addresses.dump_started();
+        addresses.dump_started(Dump::Addresses);
         // Two messages in one datagram, as a dump sends them.
         let mut datagram = message(true, 1, Some("127.0.0.1"), "127.0.0.1");
         datagram.extend(message(true, 2, None, "2001:db8::5"));
         assert_eq!(addresses.read(&datagram), Next::Nothing);
         assert!(!addresses.settled(), "half a dump is not the host's list");
+        assert_eq!(addresses.read(&done()), Next::DumpRoutes);
+        assert!(!addresses.settled(), "the routes are still to come");
+        addresses.dump_started(Dump::Routes);
         assert_eq!(addresses.read(&done()), Next::Nothing);
         assert!(addresses.settled());
         assert_eq!(addresses.current(), ips(&["127.0.0.1", "2001:db8::5"]));
@@ -374,28 +472,66 @@ mod tests {
         addresses.read(&message(false, 2, None, "2001:db8::5"));
         assert!(addresses
             .current()
-            .contains(&"2001:db8::5".parse().unwrap()));
+            .contains(&"2001:db8::5/128".parse().unwrap()));
         addresses.read(&message(false, 4, None, "2001:db8::5"));
         assert_eq!(addresses.current(), ips(&["127.0.0.1", "198.51.100.7"]));
+    }
+
+    /// An AnyIP route's whole prefix is the host's (it answers on each of its addresses); a
+    /// unicast route is not, nor is a route that was removed.
+    #[test]
+    fn local_routes_are_the_hosts_whole_prefixes() {
+        let mut addresses = Addresses::default();
+        addresses.dump_started(Dump::Addresses);
+        addresses.read(&message(true, 1, None, "192.0.2.1"));
+        assert_eq!(addresses.read(&done()), Next::DumpRoutes);
+        addresses.dump_started(Dump::Routes);
+        let mut datagram = route(true, RouteType::Local, 255, "192.0.2.1/32");
+        datagram.extend(route(true, RouteType::Unicast, 254, "10.20.0.0/16"));
+        datagram.extend(route(true, RouteType::Local, 255, "127.0.0.0/8"));
+        addresses.read(&datagram);
+        addresses.read(&done());
+        assert!(addresses.settled());
+        let nets = |list: &[&str]| -> BTreeSet<IpNet> {
+            list.iter().map(|n| n.parse().unwrap()).collect()
+        };
+        assert_eq!(addresses.current(), nets(&["192.0.2.1/32", "127.0.0.0/8"]));
+        addresses.read(&route(true, RouteType::Local, 255, "198.51.100.0/24"));
+        addresses.read(&route(true, RouteType::Local, 100, "2001:db8:7::/64"));
+        assert_eq!(
+            addresses.current(),
+            nets(&[
+                "192.0.2.1/32",
+                "127.0.0.0/8",
+                "198.51.100.0/24",
+                "2001:db8:7::/64"
+            ])
+        );
+        addresses.read(&route(false, RouteType::Local, 255, "198.51.100.0/24"));
+        addresses.read(&route(false, RouteType::Local, 100, "2001:db8:7::/64"));
+        assert_eq!(addresses.current(), nets(&["192.0.2.1/32", "127.0.0.0/8"]));
     }
 
     #[test]
     fn lost_notifications_ask_for_a_dump_once_the_current_one_ends() {
         let mut addresses = Addresses::default();
         assert_eq!(addresses.overrun(), Next::Dump);
-        addresses.dump_started();
+        addresses.dump_started(Dump::Addresses);
         addresses.read(&message(true, 1, None, "192.0.2.1"));
         assert_eq!(addresses.overrun(), Next::Nothing);
         assert_eq!(addresses.read(&done()), Next::Dump);
         // A dump replaces what was known (an address removed meanwhile is released).
-        addresses.dump_started();
+        addresses.dump_started(Dump::Addresses);
         addresses.read(&message(true, 1, None, "192.0.2.2"));
+        assert_eq!(addresses.read(&done()), Next::DumpRoutes);
+        addresses.dump_started(Dump::Routes);
         addresses.read(&done());
+        assert!(addresses.settled());
         assert_eq!(addresses.current(), ips(&["192.0.2.2"]));
         // Bytes that are no netlink message count as lost notifications.
         assert_eq!(addresses.read(&[1, 2, 3]), Next::Dump);
         // A refused dump is asked again, and counted until one ends.
-        addresses.dump_started();
+        addresses.dump_started(Dump::Addresses);
         let mut refusal = netlink_packet_core::ErrorMessage::default();
         refusal.code = std::num::NonZeroI32::new(-libc::EBUSY);
         assert_eq!(
@@ -403,7 +539,7 @@ mod tests {
             Next::Dump
         );
         assert_eq!(addresses.refused, 1);
-        addresses.dump_started();
+        addresses.dump_started(Dump::Addresses);
         addresses.read(&done());
         assert_eq!(addresses.refused, 0);
     }
@@ -421,8 +557,8 @@ mod tests {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a namespace");
             let watch = HostWatch::open().expect("the socket");
             let mut addresses = Addresses::default();
-            watch.request_dump().unwrap();
-            addresses.dump_started();
+            watch.request_dump(Dump::Addresses).unwrap();
+            addresses.dump_started(Dump::Addresses);
             let read_all = |addresses: &mut Addresses, until: &dyn Fn(&Addresses) -> bool| {
                 let deadline = std::time::Instant::now() + Duration::from_secs(5);
                 let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
@@ -431,7 +567,10 @@ mod tests {
                     buffer.clear();
                     match watch.socket.recv(&mut buffer, 0) {
                         Ok(_) => {
-                            addresses.read(&buffer);
+                            if addresses.read(&buffer) == Next::DumpRoutes {
+                                watch.request_dump(Dump::Routes).unwrap();
+                                addresses.dump_started(Dump::Routes);
+                            }
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
@@ -460,12 +599,20 @@ mod tests {
             ip(&["addr", "add", "2001:db8::7/128", "dev", "t-watch", "nodad"]);
             ip(&["link", "set", "t-watch", "up"]);
             read_all(&mut addresses, &|a| {
-                a.current().contains(&v4) && a.current().contains(&v6)
+                a.current().contains(&IpNet::from(v4)) && a.current().contains(&IpNet::from(v6))
             });
             ip(&["link", "del", "t-watch"]);
+            let (v4, v6) = (IpNet::from(v4), IpNet::from(v6));
             read_all(&mut addresses, &|a| {
                 !a.current().contains(&v4) && !a.current().contains(&v6)
             });
+            // An AnyIP route: the host answers on the whole prefix.
+            let anyip: IpNet = "203.0.113.0/24".parse().unwrap();
+            ip(&["link", "set", "lo", "up"]);
+            ip(&["route", "add", "local", "203.0.113.0/24", "dev", "lo"]);
+            read_all(&mut addresses, &|a| a.current().contains(&anyip));
+            ip(&["route", "del", "local", "203.0.113.0/24", "dev", "lo"]);
+            read_all(&mut addresses, &|a| !a.current().contains(&anyip));
         })
         .join()
         .expect("the thread");
@@ -554,8 +701,9 @@ mod tests {
                 assert!(status.is_ok_and(|s| s.success()), "ip {args:?}");
             };
             ip(&["link", "set", "lo", "up"]);
+            // Loopback's local route takes in its whole prefix.
             wait_for("loopback's addresses in", &|l| {
-                l.contains("127.0.0.1") && l.contains("::1")
+                l.contains("127.0.0.0/8") && l.contains("::1")
             });
             ip(&["addr", "add", "198.51.100.7/32", "dev", "lo"]);
             wait_for("an IPv4 address added", &|l| l.contains("198.51.100.7"));
@@ -564,7 +712,16 @@ mod tests {
             ip(&["addr", "del", "198.51.100.7/32", "dev", "lo"]);
             ip(&["addr", "del", "2001:db8::7/128", "dev", "lo"]);
             wait_for("both removed", &|l| {
-                !l.contains("198.51.100.7") && !l.contains("2001:db8::7") && l.contains("127.0.0.1")
+                !l.contains("198.51.100.7")
+                    && !l.contains("2001:db8::7")
+                    && l.contains("127.0.0.0/8")
+            });
+            // An AnyIP route added and removed: its whole prefix follows.
+            ip(&["route", "add", "local", "203.0.113.0/24", "dev", "lo"]);
+            wait_for("an AnyIP prefix added", &|l| l.contains("203.0.113.0/24"));
+            ip(&["route", "del", "local", "203.0.113.0/24", "dev", "lo"]);
+            wait_for("an AnyIP prefix removed", &|l| {
+                !l.contains("203.0.113.0/24")
             });
             stop.send(()).unwrap();
             follower.join().unwrap();

@@ -333,15 +333,23 @@ pub fn parse_link_prefix(key: &str, text: &str, v6: bool, host: &[IpNet]) -> Res
     pick(Some(net), &[], key, host)
 }
 
-/// The host's routes (every one but a default route) and its addresses: what a sandbox's link
-/// must not overlap. Read anew for each sandbox (two files of /proc and the host's addresses:
-/// microseconds), so that a route the host gained since the adapter started is avoided by the
-/// sandboxes created after it. The main table is the one pasta copies into a gate.
+/// The host's routes (every one but a default route, of every table) and its addresses: what a
+/// sandbox's link must not overlap. Read anew for each sandbox (one rtnetlink dump per family
+/// and the host's addresses: well under a millisecond), so that a route the host gained since
+/// the adapter started is avoided by the sandboxes created after it. Where rtnetlink cannot be
+/// read, `/proc`'s lists stand in (the main table's IPv4 routes, every IPv6 route).
 pub fn host_routes() -> Vec<IpNet> {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let mut nets = routes_v4(&read("/proc/net/route"));
-    nets.extend(routes_v6(&read("/proc/net/ipv6_route")));
+    let mut nets = crate::rtnetlink::Rtnetlink::open()
+        .and_then(|mut socket| socket.route_destinations())
+        .unwrap_or_else(|_| {
+            let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+            let mut nets = routes_v4(&read("/proc/net/route"));
+            nets.extend(routes_v6(&read("/proc/net/ipv6_route")));
+            nets
+        });
     nets.extend(host_addresses().into_iter().map(IpNet::from));
+    nets.sort();
+    nets.dedup();
     nets
 }
 
@@ -611,26 +619,58 @@ fn elements<'a>(addresses: impl Iterator<Item = &'a IpAddr>) -> String {
         .join(", ")
 }
 
+/// `nets` as the elements of an interval set: merged first (an interval set refuses two
+/// elements that overlap, as an address inside a local route's prefix would), a single
+/// address written as one.
+fn net_elements(nets: &[IpNet]) -> String {
+    IpNet::aggregate(&nets.to_vec())
+        .iter()
+        .map(|net| {
+            if net.prefix_len() == net.max_prefix_len() {
+                net.addr().to_string()
+            } else {
+                net.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Adds `host_addrs` to the host's sets of a ruleset (appended to it: the starter's own
 /// reading of the host's addresses, fresher than the adapter's).
 pub fn host_elements(host_addrs: &[IpAddr]) -> String {
+    let nets: Vec<IpNet> = host_addrs.iter().copied().map(IpNet::from).collect();
+    host_net_elements(&nets)
+}
+
+/// Adds `host_nets` (the host's addresses, and prefixes it answers on as a whole) to the
+/// host's sets.
+fn host_net_elements(host_nets: &[IpNet]) -> String {
     let mut script = String::new();
     for (set, v4) in [(HOST_V4, true), (HOST_V6, false)] {
-        let elements = elements(host_addrs.iter().filter(|a| a.is_ipv4() == v4));
-        if !elements.is_empty() {
-            let _ = writeln!(script, "add element {TABLE} {set} {{ {elements} }}");
+        let family: Vec<IpNet> = host_nets
+            .iter()
+            .filter(|net| matches!(net, IpNet::V4(_)) == v4)
+            .copied()
+            .collect();
+        if !family.is_empty() {
+            let _ = writeln!(
+                script,
+                "add element {TABLE} {set} {{ {} }}",
+                net_elements(&family)
+            );
         }
     }
     script
 }
 
-/// One `nft` transaction that makes the host's sets hold exactly `host_addrs`, or every
+/// One `nft` transaction that makes the host's sets hold exactly `host_nets`, or every
 /// address when `None` (the host's can no longer be followed): never seen empty or half
 /// written.
-pub fn host_sets_script(host_addrs: Option<&[IpAddr]>) -> String {
+pub fn host_sets_script(host_nets: Option<&[IpNet]>) -> String {
     let mut script = format!("flush set {TABLE} {HOST_V4}\nflush set {TABLE} {HOST_V6}\n");
-    match host_addrs {
-        Some(addresses) => script.push_str(&host_elements(addresses)),
+    match host_nets {
+        Some(nets) => script.push_str(&host_net_elements(nets)),
         None => {
             let _ = writeln!(
                 script,
@@ -1106,7 +1146,8 @@ mod tests {
              add element inet iii_egress host_v6 { 2001:db8::2 }\n"
         );
         assert_eq!(host_elements(&[]), "");
-        let script = host_sets_script(Some(&host));
+        let host_nets: Vec<IpNet> = host.iter().copied().map(IpNet::from).collect();
+        let script = host_sets_script(Some(&host_nets));
         assert!(
             script.starts_with(
                 "flush set inet iii_egress host_v4\nflush set inet iii_egress host_v6\n"
@@ -1119,6 +1160,19 @@ mod tests {
             host_sets_script(Some(&[])),
             "flush set inet iii_egress host_v4\nflush set inet iii_egress host_v6\n"
         );
+        // A prefix the host answers on as a whole (an AnyIP local route) takes in the
+        // addresses inside it: an interval set refuses overlapping elements.
+        let anyip = host_sets_script(Some(&nets(&[
+            "198.51.100.7/32",
+            "198.51.100.0/24",
+            "192.0.2.2/32",
+            "2001:db8:5::/64",
+        ])));
+        assert!(
+            anyip.contains("host_v4 { 192.0.2.2, 198.51.100.0/24 }"),
+            "{anyip}"
+        );
+        assert!(anyip.contains("host_v6 { 2001:db8:5::/64 }"), "{anyip}");
         // The host's addresses no longer followed: every address refused.
         let all = host_sets_script(None);
         assert!(all.contains("host_v4 { 0.0.0.0/0 }"), "{all}");
@@ -1314,7 +1368,12 @@ mod tests {
                 "{}{}{}",
                 host_elements(&fresh),
                 host_sets_script(None),
-                host_sets_script(Some(&host))
+                host_sets_script(Some(&nets(&[
+                    "192.0.2.2/32",
+                    "2001:db8::2/128",
+                    "198.51.100.7/32",
+                    "198.51.100.0/24"
+                ])))
             );
             for rules in [
                 ruleset(&policy, &host),

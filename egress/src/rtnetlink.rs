@@ -1,5 +1,6 @@
 //! The few rtnetlink requests that link a gate to its sandbox (a veth pair, addresses, a link
-//! up, a default route), made from the launcher's own process.
+//! up, a default route), made from the launcher's own process, and the host's routes of every
+//! table, which a sandbox's link must not overlap.
 //!
 //! iproute2's `ip` would do the same, but a process of it per namespace cost the launcher
 //! more than the kernel's work (about 1.5 ms each, the benchmark's `create with network:
@@ -11,8 +12,10 @@
 use std::io;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
@@ -128,6 +131,54 @@ impl Rtnetlink {
         )
     }
 
+    /// The destinations of every route of every table, both families (`ip route show table
+    /// all`), default routes left out. `/proc/net/route` lists the main table only, and a route
+    /// of a policy-routing table is as much the host's.
+    pub(crate) fn route_destinations(&mut self) -> io::Result<Vec<IpNet>> {
+        let mut nets = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut query = RouteMessage::default();
+            query.header.address_family = family;
+            self.sequence += 1;
+            let mut header = NetlinkHeader::default();
+            header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+            header.sequence_number = self.sequence;
+            let mut packet = NetlinkMessage::new(
+                header,
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetRoute(query)),
+            );
+            packet.finalize();
+            let mut out = vec![0; packet.buffer_len()];
+            packet.serialize(&mut out);
+            self.socket.send(&out, 0)?;
+            'dump: loop {
+                let mut reply = Vec::with_capacity(64 * 1024);
+                let size = self.socket.recv(&mut reply, 0)?;
+                let mut rest = &reply[..size];
+                while !rest.is_empty() {
+                    let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                    let length = (answer.header.length as usize).next_multiple_of(4);
+                    rest = &rest[length.clamp(1, rest.len())..];
+                    if answer.header.sequence_number != self.sequence {
+                        continue;
+                    }
+                    match answer.payload {
+                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(route)) => {
+                            nets.extend(destination(&route).filter(|net| net.prefix_len() > 0));
+                        }
+                        NetlinkPayload::Done(_) => break 'dump,
+                        NetlinkPayload::Error(error) if error.code.is_some() => {
+                            return Err(error.to_io());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(nets)
+    }
+
     /// Sends one request and waits for the kernel's acknowledgement of it; its refusal as the
     /// error the kernel gave.
     fn request(&mut self, message: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
@@ -163,6 +214,27 @@ impl Rtnetlink {
             }
         }
     }
+}
+
+/// The destination a route message names, with its prefix length (`0.0.0.0/0` or `::/0` for a
+/// default route, which carries no destination).
+pub(crate) fn destination(route: &RouteMessage) -> Option<IpNet> {
+    let prefix = route.header.destination_prefix_length;
+    let address = route
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+            RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+            _ => None,
+        });
+    let address = match (address, route.header.address_family) {
+        (Some(address), _) => address,
+        (None, AddressFamily::Inet) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        (None, AddressFamily::Inet6) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    IpNet::new(address, prefix).ok().map(|net| net.trunc())
 }
 
 /// The index of the caller's namespace's link `name`.
@@ -218,10 +290,29 @@ mod tests {
                 .to_string();
             let again = netlink.add_address("t-gate", gate, 24).unwrap_err();
             let missing = netlink.set_up("t-none").unwrap_err();
-            (default, again.raw_os_error(), missing.raw_os_error())
+            let destinations = netlink.route_destinations().expect("the routes");
+            (
+                default,
+                again.raw_os_error(),
+                missing.raw_os_error(),
+                destinations,
+            )
         })
         .join()
-        .map(|(default, again, missing)| {
+        .map(|(default, again, missing, destinations)| {
+            let net = |text: &str| text.parse::<IpNet>().unwrap();
+            // The main table's link route, and the local table's route of the gate's own
+            // address, which `/proc/net/route` does not list; never the default route.
+            for wanted in ["10.9.0.0/24", "10.9.0.1/32", "fd09::/64"] {
+                assert!(
+                    destinations.contains(&net(wanted)),
+                    "{wanted}: {destinations:?}"
+                );
+            }
+            assert!(
+                destinations.iter().all(|d| d.prefix_len() > 0),
+                "{destinations:?}"
+            );
             assert!(
                 default.starts_with("t-box\t00000000\t0100090A"),
                 "{default}"

@@ -216,6 +216,33 @@ fn accepted(baits: &[&TcpListener]) -> Vec<String> {
         .collect()
 }
 
+/// Whether the libkrun plugin's microVMs are under test (`SANDBOX_E2E_NETWORK_PLUGIN=libkrun`,
+/// as the VM lab runs the network tests): their runner's namespace holds the same policy,
+/// sets and resolver proxy, with TSI in place of a gate's link.
+fn libkrun_under_test() -> bool {
+    std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
+}
+
+/// Whether `test` can run here: bwrap where it is usable (else it says it did not run); the
+/// libkrun plugin must boot where it is the plugin under test, never skip.
+fn usable(test: &str) -> bool {
+    libkrun_under_test() || bwrap_usable(test)
+}
+
+/// The adapter on the plugin under test with `config` (the libkrun plugin under its own
+/// adapter name), which must then report a backend that boots.
+async fn stack_under_test(config: Value) -> Stack {
+    let mut options = AdapterOptions::default();
+    if libkrun_under_test() {
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
+    let stack = Stack::start(config, options).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    assert_eq!(info["backend"]["ready"], true, "a backend that boots: {info}");
+    stack
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when_gone() {
     let test = "an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when_gone";
@@ -285,9 +312,77 @@ async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when
     println!("the gates released the removed addresses after {took:?}");
     for gate in &all_gates {
         let listing = host_set(*gate);
-        // The host's other addresses are still refused.
-        assert!(holds(&listing, "127.0.0.1"), "{listing}");
+        // The host's other addresses are still refused (loopback's local route: its /8).
+        assert!(holds(&listing, "127.0.0.0/8"), "{listing}");
     }
+}
+
+/// An AnyIP route (`ip route add local <prefix> dev lo`) makes the host answer on every
+/// address of the prefix, none of which is an interface's: the gate refuses the whole prefix
+/// while the route exists.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does() {
+    const ANYIP: &str = "198.51.100.128/25";
+    const INSIDE: &str = "198.51.100.200";
+    let test = "a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does";
+    let tools = ["ip", "nsenter", "nft", "pasta"]
+        .iter()
+        .all(|tool| Command::new(tool).arg("--version").output().is_ok());
+    if !nix::unistd::geteuid().is_root() || !tools {
+        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
+        return;
+    }
+    if !bwrap_usable(test) {
+        return;
+    }
+    /// The route this test gave the host, removed when dropped (a failed assertion too).
+    struct Route;
+    impl Drop for Route {
+        fn drop(&mut self) {
+            let _ = Command::new("ip")
+                .args(["route", "del", "local", ANYIP, "dev", "lo"])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let bait = TcpListener::bind("0.0.0.0:0").expect("bait");
+    bait.set_nonblocking(true).unwrap();
+    let target = vec![format!("{INSIDE} {}", bait.local_addr().unwrap().port())];
+    let stack = Stack::bwrap().await;
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let gate = gates(&stack);
+    assert_eq!(gate.len(), 1, "one resolver proxy per sandbox");
+
+    ip(&["route", "add", "local", ANYIP, "dev", "lo"]);
+    let route = Route;
+    let since = Instant::now();
+    while !holds(&host_set(gate[0]), ANYIP) {
+        assert!(
+            since.elapsed() < BOUND,
+            "the gate did not refuse {ANYIP} within {BOUND:?}:\n{}",
+            host_set(gate[0])
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    println!("the gate refused the AnyIP prefix after {:?}", since.elapsed());
+    let report = probe(&stack, &id, &target).await;
+    assert!(
+        report.contains(&format!("{} refused", target[0])),
+        "the sandbox was not refused {INSIDE}:\n{report}"
+    );
+    let heard = accepted(&[&bait]);
+    assert!(heard.is_empty(), "a sandbox reached the host: {heard:?}");
+
+    drop(route);
+    let since = Instant::now();
+    while holds(&host_set(gate[0]), ANYIP) {
+        assert!(
+            since.elapsed() < BOUND,
+            "the gate still refused {ANYIP} after {BOUND:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    println!("the gate released the AnyIP prefix after {:?}", since.elapsed());
 }
 
 /// A route's destination: the address's bits (an IPv4 one in the top 32) and prefix length.
