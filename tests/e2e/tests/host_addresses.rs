@@ -239,7 +239,10 @@ async fn stack_under_test(config: Value) -> Stack {
     }
     let stack = Stack::start(config, options).await;
     let info = stack.call("adapter::info", json!({})).await.expect("info");
-    assert_eq!(info["backend"]["ready"], true, "a backend that boots: {info}");
+    assert_eq!(
+        info["backend"]["ready"], true,
+        "a backend that boots: {info}"
+    );
     stack
 }
 
@@ -253,7 +256,7 @@ async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when
         println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
         return;
     }
-    if !bwrap_usable(test) {
+    if !usable(test) {
         return;
     }
     // Services on the host's wildcard addresses, as an engine on 0.0.0.0 would listen.
@@ -266,7 +269,7 @@ async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when
         format!("{ADDED_V6} {}", bait_v6.local_addr().unwrap().port()),
     ];
 
-    let stack = Stack::bwrap().await;
+    let stack = stack_under_test(json!({})).await;
     let running = create(&stack, "python", json!({"network": true})).await;
     let first_gate = gates(&stack);
     assert_eq!(first_gate.len(), 1, "one resolver proxy per sandbox");
@@ -364,7 +367,10 @@ async fn a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does() {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
-    println!("the gate refused the AnyIP prefix after {:?}", since.elapsed());
+    println!(
+        "the gate refused the AnyIP prefix after {:?}",
+        since.elapsed()
+    );
     let report = probe(&stack, &id, &target).await;
     assert!(
         report.contains(&format!("{} refused", target[0])),
@@ -382,7 +388,10 @@ async fn a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does() {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
-    println!("the gate released the AnyIP prefix after {:?}", since.elapsed());
+    println!(
+        "the gate released the AnyIP prefix after {:?}",
+        since.elapsed()
+    );
 }
 
 /// A route's destination: the address's bits (an IPv4 one in the top 32) and prefix length.
@@ -584,7 +593,7 @@ async fn a_sandboxs_link_overlaps_no_route_of_the_host() {
         println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
         return;
     }
-    if !bwrap_usable(test) {
+    if !usable(test) {
         return;
     }
     let host: Vec<Prefix> = ip_routes(None, &["table", "all"])
@@ -593,6 +602,9 @@ async fn a_sandboxs_link_overlaps_no_route_of_the_host() {
         .filter(Prefix::ordinary)
         .collect();
     println!("the host's routes and addresses: {host:?}");
+    if libkrun_under_test() {
+        return no_link_of_ours_on_libkrun(&host).await;
+    }
     let slirp_v6 = Prefix::parse("fd00::/64").unwrap();
     let host_in_fd00 = host.iter().any(|h| h.overlaps(&slirp_v6));
 
@@ -674,6 +686,35 @@ async fn a_sandboxs_link_overlaps_no_route_of_the_host() {
     }
 }
 
+/// On libkrun there is no gate and so no link of ours: TSI makes the guest's sockets the
+/// runner's, in a namespace whose only routes are pasta's copies of the host's own. Nothing
+/// there can send a packet for one of the host's neighbours back to the sandbox.
+async fn no_link_of_ours_on_libkrun(host: &[Prefix]) {
+    let stack = stack_under_test(json!({})).await;
+    let info = stack.call("adapter::info", json!({})).await.expect("info");
+    let network = &info["backend"]["isolation"]["network"];
+    assert!(network["link"].is_null(), "no link on libkrun: {network}");
+    let id = create(&stack, "python", json!({"network": true})).await;
+    let proxy = gates(&stack);
+    assert_eq!(proxy.len(), 1, "one resolver proxy per sandbox");
+    let netns = format!("--net=/proc/{}/ns/net", proxy[0]);
+    let in_runner: Vec<(String, Prefix)> = ip_routes(Some(&netns), &[])
+        .into_iter()
+        .filter(|(_, destination)| destination.ordinary())
+        .collect();
+    println!("the runner's namespace routes: {in_runner:?}");
+    for (device, route) in &in_runner {
+        assert!(
+            host.contains(route),
+            "the runner's namespace routes {route:?} on {device}, which the host does not: {host:?}"
+        );
+    }
+    // The guest itself holds no route but loopback's: every socket it makes is the runner's.
+    let (routes, _) = sandbox_view(&stack, &id).await;
+    let ordinary: Vec<&(String, Prefix)> = routes.iter().filter(|(_, r)| r.ordinary()).collect();
+    assert!(ordinary.is_empty(), "the guest routes {ordinary:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
     let test = "a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter";
@@ -684,7 +725,7 @@ async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
         println!("\n*** {test} DID NOT RUN: needs root, iproute2, nft and pasta ***\n");
         return;
     }
-    if !bwrap_usable(test) {
+    if !usable(test) {
         return;
     }
     let host: Vec<Prefix> = ip_routes(None, &["table", "all"])
@@ -701,18 +742,32 @@ async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
         println!("\n*** {test} DID NOT RUN: this host routes {v4} or {v6} ***\n");
         return;
     }
-    let stack = Stack::start(
-        json!({"network_link_v4": v4, "network_link_v6": v6}),
-        AdapterOptions::default(),
-    )
-    .await;
-    let link = info_link(&stack).await;
-    assert_eq!(link["v4"], v4, "{link}");
-    assert_eq!(link["v6"], v6, "{link}");
+    let stack = stack_under_test(json!({"network_link_v4": v4, "network_link_v6": v6})).await;
     let id = create(&stack, "python", json!({"network": true})).await;
     let (routes, addresses) = sandbox_view(&stack, &id).await;
-    assert_eq!(addresses.first().map(String::as_str), Some("10.213.47.100"));
-    if routed_v6(&routes) {
+    if libkrun_under_test() {
+        // No gate, so no link to configure: a microVM's guest holds none of its prefixes.
+        let info = stack.call("adapter::info", json!({})).await.expect("info");
+        let network = &info["backend"]["isolation"]["network"];
+        assert!(network["link"].is_null(), "{network}");
+        let configured = [Prefix::parse(v4).unwrap(), Prefix::parse(v6).unwrap()];
+        for (device, route) in &routes {
+            assert!(
+                !configured.iter().any(|c| c.overlaps(route)),
+                "the guest routes {route:?} on {device}"
+            );
+        }
+        assert!(
+            !addresses.iter().any(|a| a.starts_with("10.213.47.")),
+            "{addresses:?}"
+        );
+    } else {
+        let link = info_link(&stack).await;
+        assert_eq!(link["v4"], v4, "{link}");
+        assert_eq!(link["v6"], v6, "{link}");
+        assert_eq!(addresses.first().map(String::as_str), Some("10.213.47.100"));
+    }
+    if !libkrun_under_test() && routed_v6(&routes) {
         assert!(
             addresses.iter().any(|a| a == "fd5a:1b2c:3d4e::100"),
             "{addresses:?}"
@@ -732,7 +787,11 @@ async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
     // Its first /24, written as `ip` writes the route.
     let inside = format!("{:?}", Prefix { len: 24, ..used });
     let state = e2e_tests::host_dir();
-    let options = AdapterOptions::default();
+    let mut options = AdapterOptions::default();
+    if libkrun_under_test() {
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
     let config = e2e_tests::config_with(state.path(), json!({ "network_link_v4": inside }));
     let engine = iii_test_engine::Engine::with_config(options.config_name.clone(), config)
         .start("127.0.0.1:0".parse().unwrap())
@@ -745,5 +804,57 @@ async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
     assert!(
         log.contains("`network_link_v4`") && log.contains("overlaps"),
         "{log}"
+    );
+}
+
+/// A route of a policy-routing table is as much the host's as one of its main table: the link
+/// a create picks avoids it (`/proc/net/route` lists the main table only).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_link_avoids_a_route_of_a_policy_routing_table() {
+    const TABLE: &str = "4242";
+    let test = "a_link_avoids_a_route_of_a_policy_routing_table";
+    let tools = ["ip", "nsenter", "nft", "pasta"]
+        .iter()
+        .all(|tool| Command::new(tool).arg("-V").output().is_ok());
+    if !nix::unistd::geteuid().is_root() || !tools {
+        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
+        return;
+    }
+    if !bwrap_usable(test) {
+        return;
+    }
+    /// The route this test gave the host, removed when dropped (a failed assertion too).
+    struct Route(String);
+    impl Drop for Route {
+        fn drop(&mut self) {
+            let _ = Command::new("ip")
+                .args(["route", "del", &self.0, "dev", "lo", "table", TABLE])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let stack = Stack::bwrap().await;
+    let before = info_link(&stack).await["v4"].as_str().unwrap().to_string();
+    ip(&["route", "add", &before, "dev", "lo", "table", TABLE]);
+    let _route = Route(before.clone());
+    let after = info_link(&stack).await["v4"].as_str().unwrap().to_string();
+    println!("link v4 {before}, then with it in table {TABLE}: {after}");
+    let taken = Prefix::parse(&before).unwrap();
+    let chosen = Prefix::parse(&after).unwrap();
+    assert!(!chosen.overlaps(&taken), "{after} overlaps {before}");
+
+    create(&stack, "python", json!({"network": true})).await;
+    let gate = gates(&stack);
+    assert_eq!(gate.len(), 1, "one resolver proxy per sandbox");
+    let netns = format!("--net=/proc/{}/ns/net", gate[0]);
+    let link_routes: Vec<Prefix> = ip_routes(Some(&netns), &[])
+        .into_iter()
+        .filter(|(device, _)| device == "iii-gate")
+        .map(|(_, destination)| destination)
+        .collect();
+    assert!(link_routes.contains(&chosen), "{link_routes:?}");
+    assert!(
+        !link_routes.iter().any(|r| r.overlaps(&taken)),
+        "{link_routes:?}"
     );
 }
