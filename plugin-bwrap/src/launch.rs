@@ -21,7 +21,8 @@ pub const LOG_IN_LAUNCHER: &str = "/proc/self/fd/2";
 /// Where the launcher gathers, in its private mount namespace, the copies of what the
 /// sandbox sees (idmapped for a root adapter; see the launcher's `stage`), so that the
 /// guest's mountinfo names these paths, never the adapter's: its layer is at `STAGE/layer`.
-/// An ordinary user's FUSE-disk worker VM is not staged.
+/// An ordinary user's FUSE-disk worker VM stages only the files bwrap binds (the launcher's
+/// `stage_files`).
 pub const STAGE: &str = "/tmp";
 
 /// Everything the launcher needs once the sandbox is known.

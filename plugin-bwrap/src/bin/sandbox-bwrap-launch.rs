@@ -208,9 +208,13 @@ fn launch(command: &LaunchCommand, prepared: Prepared) -> Result<std::convert::I
     // An ordinary user's sandbox: staged too, so that the overlay's options (which the
     // guest reads in its mountinfo) name the stage, not the adapter's home. After the disk,
     // which the layer's clone carries along. A FUSE disk is served at the paths it was
-    // mounted with, so a worker VM's is left where it is.
+    // mounted with, so a worker VM's tree is left where it is and only the files bwrap binds
+    // from the adapter's directories are staged.
     let (command, args) = if !map.needs_idmapped_mounts() && fuse.is_none() {
         stage(&command, None).map_err(|e| e.to_string())?
+    } else if fuse.is_some() {
+        let args = stage_files(&command, &args).map_err(|e| e.to_string())?;
+        (command, args)
     } else {
         (command, args)
     };
@@ -413,6 +417,69 @@ fn stage(
     }
     let args = render_args(args);
     Ok((staged, args))
+}
+
+/// The directory of a FUSE-disk worker VM's layer where its launcher mounts the tmpfs that
+/// holds the copies of [`stage_files`].
+const FILES_DIR: &str = "launch-files";
+
+/// Copies the files bwrap binds from the adapter's own directories (the agent, a file the
+/// adapter wrote in the layer such as resolv.conf) onto a tmpfs of this mount namespace and
+/// binds the copies instead: a bind's root in mountinfo is its source's path in its
+/// filesystem, and a tmpfs of its own shows only the copy's name. For a worker VM whose disk
+/// FUSE serves at the paths it was mounted with (nothing else of it can move). The tmpfs is
+/// mounted over a directory of the layer (the adapter's, never the guest's: its upper
+/// directory is inside the FUSE disk), in this private namespace only.
+fn stage_files(command: &LaunchCommand, args: &[String]) -> std::io::Result<Vec<String>> {
+    let mut args = parse_args(args);
+    let program = args
+        .iter()
+        .skip_while(|arg| !matches!(arg, Arg::Plain(a) if a == "--"))
+        .nth(1);
+    let program = match program {
+        Some(Arg::Plain(program)) => Some(program.clone()),
+        _ => None,
+    };
+    let mut copies = Vec::new();
+    for (index, arg) in args.iter().enumerate() {
+        if let Arg::Bind { flag, source, dest } = arg {
+            let adapters_file = flag == "--ro-bind"
+                && (program.as_ref() == Some(dest)
+                    || (Path::new(source).starts_with(&command.layer)
+                        && std::fs::symlink_metadata(source)?.is_file()));
+            if adapters_file {
+                let name = if program.as_ref() == Some(dest) {
+                    "sandbox-agent".to_string()
+                } else {
+                    format!("file-{}", copies.len())
+                };
+                copies.push((index, open_file(source)?, name));
+            }
+        }
+    }
+    if copies.is_empty() {
+        return Ok(render_args(args));
+    }
+    let dir = Path::new(&command.layer).join(FILES_DIR);
+    match std::fs::create_dir(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    if !std::fs::symlink_metadata(&dir)?.is_dir() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    idmap_mount::Stage::mount(&dir)?;
+    for (index, mut from, name) in copies {
+        let at = dir.join(name);
+        copy_read_only(&mut from, &at, None)?;
+        if let Some(Arg::Bind { source, .. }) = args.get_mut(index) {
+            *source = at.display().to_string();
+        }
+    }
+    Ok(render_args(args))
 }
 
 /// What one bind's source becomes on the stage.

@@ -1081,3 +1081,51 @@ async fn worker_vms_connect_back_survive_an_adapter_kill_and_end_cleanly_round_a
     let mut stack = Stack::start(json!({}), options.clone()).await;
     worker_support::worker_vm_rounds(&mut stack, &options, &compose, rounds, "bwrap").await;
 }
+
+/// A worker VM's `/proc/self/mountinfo` names no path of the host but its operator's share:
+/// the adapter's state and cache, the adapter user's home and the adapter's binaries stay
+/// unnamed, whichever way its layers are served (loop images as root, FUSE for an ordinary
+/// user). The `host_path` bind is the operator's own choice of a host directory to share and
+/// is shown as such.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_vm_mountinfo_names_no_host_path_but_its_share() {
+    if !bwrap_usable("a_worker_vm_mountinfo_names_no_host_path_but_its_share") {
+        return;
+    }
+    let project = Project::new();
+    let stack = start_stack(&project, false).await;
+    prepare(&stack, "mnt", &project.path("project/svc")).await;
+    start_sh(
+        &stack,
+        "mnt",
+        "cat /proc/self/mountinfo; echo mountinfo-end; sleep 60",
+        json!({}),
+    )
+    .await;
+    wait_log(&stack, "mnt", "mountinfo-end", 1, LOG_WAIT).await;
+    let log = log_of(&stack, "mnt").await;
+    let mountinfo = log.split("mountinfo-end").next().unwrap_or_default();
+    println!("a worker VM's mountinfo:\n{mountinfo}");
+    let home = match e2e_tests::adapter_user() {
+        Some(user) => user.home,
+        None => std::env::var_os("HOME").map_or_else(|| "/root".into(), Into::into),
+    };
+    let agent = e2e_tests::agent_bin();
+    let host_paths = [
+        stack.state_dir.path().to_path_buf(),
+        e2e_tests::shared_cache_dir(),
+        home,
+        e2e_tests::bin_dir(),
+        agent.clone(),
+        agent.parent().expect("a directory").to_path_buf(),
+    ];
+    for path in &host_paths {
+        let path = path.display().to_string();
+        let named: Vec<&str> = mountinfo
+            .lines()
+            .filter(|line| line.contains(&path))
+            .collect();
+        assert!(named.is_empty(), "mountinfo names {path}: {named:#?}");
+    }
+    worker_ok(&stack, "stop", json!({"vm_id": "mnt", "timeout_ms": 1000})).await;
+}
