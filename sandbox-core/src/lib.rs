@@ -30,6 +30,7 @@ pub mod backend;
 pub mod bus;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod family;
 pub mod file_share;
 pub mod functions;

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::SandboxError;
+use crate::events::{Event, StopReason};
 use crate::layer::StateDir;
 use crate::registry::Registry;
 use crate::{images, ops, reaper, warm_pool};
@@ -44,6 +45,8 @@ pub struct SandboxPlugin<B: Backend> {
     /// What a family `create` announces: the optional leaves of the family table the shell
     /// registers (see `family`).
     pub(crate) family_capabilities: Vec<&'static str>,
+    /// Lifecycle events and their subscribers (`events`).
+    pub(crate) events: crate::events::Events,
 }
 
 /// Closes the state directory's `sandboxes/`, `workers/` and `snapshots/` to every other host
@@ -104,6 +107,7 @@ impl<B: Backend> SandboxPlugin<B> {
         close_to_others(&state_dir, backend.state_group())
             .map_err(|e| format!("cannot close {} to other users: {e}", state_dir.display()))?;
         let buses = crate::bus::Buses::new(&config.bus, host.engine_url(), adapter)?;
+        let events = crate::events::Events::new(Arc::new(host.clone()));
         let plugin = Arc::new(Self {
             adapter,
             adapter_version,
@@ -119,6 +123,7 @@ impl<B: Backend> SandboxPlugin<B> {
             host,
             buses,
             snapshots,
+            events,
             family_capabilities: crate::family::capabilities(
                 &crate::functions::manifest(adapter, adapter_version).family,
             ),
@@ -165,6 +170,9 @@ impl<B: Backend> SandboxPlugin<B> {
             "snapshot::list" => Ok(ops::snapshot::list(&self)),
             "snapshot::delete" => ops::snapshot::delete(&self, payload),
             "fork" => ops::snapshot::fork(&self, payload).await,
+            // From the shell's event trigger types only: no bus function leads here.
+            "events::subscribe" => self.events.subscribe(payload),
+            "events::unsubscribe" => self.events.unsubscribe(payload),
             f if f.starts_with("port::") => ops::expose::dispatch(&self, &f[6..], payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,
@@ -186,7 +194,12 @@ impl<B: Backend> SandboxPlugin<B> {
                 handle.block_on(async move {
                     let stops = sandboxes
                         .into_iter()
-                        .filter_map(|s| plugin.registry.take(s.id, true).ok().flatten());
+                        .filter_map(|s| plugin.registry.take(s.id, true).ok().flatten())
+                        .inspect(|s| {
+                            plugin
+                                .events
+                                .emit(|| Event::stopped(s.id, StopReason::AdapterShutdown))
+                        });
                     let sandboxes = stops.map(|s| ops::stop::teardown(&plugin, s));
                     let workers = ops::worker::shutdown(&plugin);
                     let pool = warm_pool::shutdown(&plugin);

@@ -6,6 +6,7 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
+use crate::events::{Event, StopReason};
 use crate::ops::stop::teardown;
 use crate::plugin::SandboxPlugin;
 
@@ -20,14 +21,21 @@ pub fn spawn<B: Backend>(plugin: Weak<SandboxPlugin<B>>) {
             let Some(plugin) = plugin.upgrade() else {
                 return;
             };
+            crate::ops::process::keep_alive(&plugin).await;
             for sandbox in plugin.registry.take_idle(Instant::now()) {
                 tracing::info!(sandbox_id = %sandbox.id, "idle timeout: stopping");
+                plugin
+                    .events
+                    .emit(|| Event::stopped(sandbox.id, StopReason::Idle));
                 let plugin = std::sync::Arc::clone(&plugin);
                 tokio::spawn(async move { teardown(&plugin, sandbox).await });
             }
             let max_paused = Duration::from_secs(plugin.config.max_paused_secs);
             for sandbox in plugin.registry.take_paused_past(Instant::now(), max_paused) {
                 tracing::info!(sandbox_id = %sandbox.id, "paused past max_paused_secs: stopping");
+                plugin
+                    .events
+                    .emit(|| Event::stopped(sandbox.id, StopReason::MaxPaused));
                 let plugin = std::sync::Arc::clone(&plugin);
                 tokio::spawn(async move { teardown(&plugin, sandbox).await });
             }

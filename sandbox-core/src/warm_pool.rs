@@ -377,6 +377,18 @@ pub(crate) fn hand_out<B: Backend>(
     };
     let sandbox = plugin.registry.adopt(new_sandbox(plugin, fresh, options));
     crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
+    plugin.events.emit(|| {
+        crate::events::Event::created(
+            sandbox.id,
+            &sandbox.image,
+            plugin.config.default_cpus,
+            plugin.config.default_memory_mb,
+            true,
+        )
+    });
+    plugin
+        .events
+        .emit(|| crate::events::Event::ready(sandbox.id));
     plugin.pool.handed_out.fetch_add(1, Ordering::Relaxed);
     tracing::info!(sandbox_id = %sandbox.id, image = %sandbox.image, bounded = crate::ops::create::bounded(plugin), "sandbox handed out from the warm pool");
     sandbox

@@ -25,6 +25,7 @@ mod bundle;
 mod bus;
 mod cli;
 mod configuration;
+mod events;
 mod inherited;
 mod memory;
 mod resolve;

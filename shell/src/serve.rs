@@ -1,5 +1,6 @@
 //! Registering the plugin's functions on the bus (its own under its prefix, its family
-//! functions under `sandbox::provider::<name>::`) and serving their calls.
+//! functions under `sandbox::provider::<name>::`, and the event trigger types) and serving
+//! their calls.
 
 use std::sync::Arc;
 
@@ -44,6 +45,9 @@ pub fn register_all(
     functions: &[FunctionSpec],
     dispatcher: Arc<Dispatcher>,
 ) -> Vec<FunctionRef> {
+    // The event trigger types first, so they are in place once the readiness function shows.
+    let family_name = dispatcher.family.as_ref().map(|f| f.name.as_str());
+    crate::events::register(iii, &dispatcher.plugin, prefix, family_name);
     let (marker, rest): (Vec<_>, Vec<_>) = functions
         .iter()
         .partition(|spec| spec.id == READINESS_FUNCTION);

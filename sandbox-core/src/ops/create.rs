@@ -202,6 +202,12 @@ pub(crate) async fn boot_reserved<B: Backend>(
     let sandbox = reservation.insert(new_sandbox(plugin, fresh, options));
     // A sandbox whose agent goes away is stopped at once.
     crate::ops::stop::watch_agent(Arc::downgrade(plugin), &sandbox);
+    plugin
+        .events
+        .emit(|| crate::events::Event::created(sandbox.id, &sandbox.image, cpus, memory_mb, false));
+    plugin
+        .events
+        .emit(|| crate::events::Event::ready(sandbox.id));
     // The phase timings feed the benchmark's breakdown (`sandbox-bench` reads this line).
     tracing::info!(
         sandbox_id = %sandbox.id, image = %sandbox.image, cpus, memory_mb,

@@ -70,7 +70,10 @@ pub async fn exec<B: Backend>(
     };
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
     crate::ops::pause::wake(&sandbox).await?;
-    run_in(plugin, &sandbox, input).await
+    plugin
+        .events
+        .exec(sandbox.id, run_in(plugin, &sandbox, input))
+        .await
 }
 
 /// Runs `input` in `sandbox`; the caller holds the sandbox's exec slot.

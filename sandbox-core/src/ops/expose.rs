@@ -236,6 +236,9 @@ async fn expose<B: Backend>(
     match sandbox.exposures.insert(port, exposure) {
         Ok((url, host_port)) => {
             tracing::info!(sandbox_id = %sandbox.id, port, host_port, "port exposed");
+            plugin
+                .events
+                .emit(|| crate::events::Event::port_exposed(sandbox.id, port, host_port));
             Ok(answer(url, port, host_port))
         }
         Err(Refusal::Full) => Err(SandboxError::ResourceLimit(format!(
@@ -255,6 +258,9 @@ fn close<B: Backend>(plugin: &SandboxPlugin<B>, payload: Value) -> Result<Value,
     let sandbox = plugin.registry.live_sandbox(id)?;
     if let Some(exposure) = sandbox.exposures.remove(port) {
         tracing::info!(sandbox_id = %id, port, host_port = exposure.host_port, "exposed port closed");
+        plugin
+            .events
+            .emit(|| crate::events::Event::port_closed(id, port));
     }
     Ok(json!({}))
 }

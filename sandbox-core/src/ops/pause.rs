@@ -34,6 +34,9 @@ pub async fn pause<B: Backend>(
         return Err(on_backend(plugin.backend.name(), e));
     }
     tracing::info!(sandbox_id = %sandbox.id, "paused");
+    plugin
+        .events
+        .emit(|| crate::events::Event::paused(sandbox.id));
     Ok(json!({"sandbox_id": sandbox.id.to_string(), "paused": true}))
 }
 
@@ -48,6 +51,9 @@ pub async fn resume<B: Backend>(
         .map_err(|e| on_backend(plugin.backend.name(), e))?;
     // Ports may be exposed again; the ones the pause closed stay closed.
     sandbox.exposures.allow();
+    plugin
+        .events
+        .emit(|| crate::events::Event::resumed(sandbox.id));
     Ok(json!({"sandbox_id": sandbox.id.to_string(), "paused": false}))
 }
 

@@ -115,6 +115,9 @@ pub async fn run<B: Backend>(
         }
         outcome => {
             if let Ok(Some(sandbox)) = plugin.registry.take(sandbox.id, false) {
+                plugin.events.emit(|| {
+                    crate::events::Event::stopped(sandbox.id, crate::events::StopReason::Caller)
+                });
                 teardown(plugin, sandbox).await;
             }
             outcome

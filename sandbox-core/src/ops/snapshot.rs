@@ -67,6 +67,9 @@ pub async fn create<B: Backend>(
         return Err(e);
     }
     tracing::info!(sandbox_id = %sandbox.id, snapshot = %snapshot.name, size_bytes = snapshot.size_bytes, "snapshot taken");
+    plugin.events.emit(|| {
+        crate::events::Event::snapshot_created(sandbox.id, &snapshot.name, snapshot.size_bytes)
+    });
     Ok(shown(&snapshot))
 }
 
@@ -148,6 +151,9 @@ pub async fn fork<B: Backend>(
     if let Some(failure) = failure {
         for sandbox in sandboxes {
             if let Ok(Some(sandbox)) = plugin.registry.take(sandbox.id, true) {
+                plugin.events.emit(|| {
+                    crate::events::Event::stopped(sandbox.id, crate::events::StopReason::Caller)
+                });
                 crate::ops::stop::teardown(plugin, sandbox).await;
             }
         }
@@ -157,6 +163,9 @@ pub async fn fork<B: Backend>(
     }
     let ids: Vec<String> = sandboxes.iter().map(|s| s.id.to_string()).collect();
     tracing::info!(sandbox_id = %source.id, count, "forked");
+    plugin
+        .events
+        .emit(|| crate::events::Event::forked(source.id, &ids));
     Ok(json!({"sandbox_ids": ids}))
 }
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::backend::Backend;
 use crate::error::SandboxError;
+use crate::events::{Event, StopReason};
 use crate::plugin::SandboxPlugin;
 use crate::registry::Sandbox;
 use crate::request::{parse, sandbox_id};
@@ -32,6 +33,9 @@ pub async fn stop<B: Backend>(
     let request: StopRequest = parse(payload)?;
     let id = sandbox_id(&request.sandbox_id)?;
     if let Some(sandbox) = plugin.registry.take(id, true)? {
+        plugin
+            .events
+            .emit(|| Event::stopped(id, StopReason::Caller));
         if request.wait {
             teardown(plugin, sandbox).await;
         } else {
@@ -101,6 +105,7 @@ pub(crate) fn watch_agent<B: Backend>(plugin: Weak<SandboxPlugin<B>>, sandbox: &
             return;
         };
         tracing::warn!(sandbox_id = %id, cause, "the sandbox's agent is gone: stopping it");
+        plugin.events.emit(|| Event::agent_lost(id, &cause));
         teardown(&plugin, sandbox).await;
     });
 }

@@ -112,6 +112,34 @@ pub fn handle_frame(shared: &SharedRef, worker_id: &str, text: &str) {
         Inbound::InvocationResult { invocation_id } => {
             invoke::complete(&mut shared.lock(), worker_id, &invocation_id, raw);
         }
+        Inbound::RegisterTriggerType { id, description } => {
+            let mut state = shared.lock();
+            let state = &mut *state;
+            state.triggers.register_type(
+                &state.workers,
+                worker_id,
+                id,
+                description.unwrap_or_default(),
+            );
+        }
+        Inbound::UnregisterTriggerType { id } => {
+            shared.lock().triggers.unregister_type(worker_id, &id);
+        }
+        Inbound::RegisterTrigger => {
+            let mut state = shared.lock();
+            let state = &mut *state;
+            state.triggers.register(&state.workers, worker_id, &raw);
+        }
+        Inbound::UnregisterTrigger { id } => {
+            let mut state = shared.lock();
+            let state = &mut *state;
+            state.triggers.unregister(&state.workers, &id);
+        }
+        Inbound::TriggerRegistrationResult => {
+            let mut state = shared.lock();
+            let state = &mut *state;
+            state.triggers.result(&state.workers, worker_id, &raw);
+        }
         Inbound::Ping => {
             shared.lock().workers.send(worker_id, &wire::pong());
         }

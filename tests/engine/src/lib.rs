@@ -8,10 +8,12 @@
 //! names sanitised and `engine::workers::register`'s array data read positionally as the real
 //! engine does (so the attacks a sandbox bus guard must stop are real here), the built-ins
 //! (`engine::workers::{register,list}`, `engine::functions::{list,info}`,
-//! `engine::channels::create`, `configuration::{register,get,set}`) and byte channels.
+//! `engine::channels::create`, `configuration::{register,get,set}`), byte channels, and
+//! workers' trigger types with their bindings (`registertriggertype`, `registertrigger`,
+//! `unregistertrigger`, `triggerregistrationresult`, passed between subscriber and owner).
 //!
-//! It is not the real engine: no triggers, queues, observers, RBAC, persistence or telemetry,
-//! and it does not advertise protocol features (the SDK treats it like an engine without
+//! It is not the real engine: no built-in triggers, queues, observers, RBAC, persistence or
+//! telemetry, and it does not advertise protocol features (the SDK treats it like an engine without
 //! observe, so calls always go through the engine).
 //!
 //! | Concern | File |
@@ -21,6 +23,7 @@
 //! | one worker socket | `connection.rs` |
 //! | connect, register, reattach, disconnect | `registration.rs` |
 //! | call routing | `invoke.rs` |
+//! | trigger types and bindings | `triggers.rs` |
 //! | HTTP-invoked functions | `http_function.rs` |
 //! | the engine's environment | `env.rs` |
 //! | built-in functions | `builtins/` |
@@ -44,6 +47,7 @@ mod pending;
 mod registration;
 mod server;
 mod state;
+mod triggers;
 mod wire;
 mod worker;
 

@@ -34,6 +34,7 @@ pub fn disconnect(state: &mut State, worker_id: &str) {
         return;
     }
     state.functions.remove_owned_by(worker_id);
+    state.triggers.disconnect(&state.workers, worker_id);
     for call in state.pending.drop_worker(worker_id) {
         let error = ErrorBody::new(
             wire::INVOCATION_STOPPED,

@@ -186,6 +186,12 @@ impl EngineHandle {
         }
     }
 
+    /// Trigger types workers provide, and bindings (live or waiting for their type).
+    pub fn trigger_counts(&self) -> (usize, usize) {
+        let state = self.shared.lock();
+        (state.triggers.type_count(), state.triggers.binding_count())
+    }
+
     /// Stops listening and drops every connection at once, like a killed engine.
     pub async fn shutdown(mut self) {
         self.stop_now().await;

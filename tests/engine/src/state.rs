@@ -10,6 +10,7 @@ use crate::env::EngineEnv;
 use crate::functions::FunctionTable;
 use crate::http_function::UrlPolicy;
 use crate::pending::PendingTable;
+use crate::triggers::TriggerTable;
 use crate::worker::WorkerTable;
 
 #[derive(Debug, Default)]
@@ -18,6 +19,7 @@ pub struct State {
     pub functions: FunctionTable,
     pub pending: PendingTable,
     pub channels: ChannelTable,
+    pub triggers: TriggerTable,
     pub config: ConfigStore,
     /// What `${VAR}` expansion and HTTP functions' credentials read.
     pub env: EngineEnv,

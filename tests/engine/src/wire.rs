@@ -55,6 +55,20 @@ pub enum Inbound {
     InvocationResult {
         invocation_id: String,
     },
+    RegisterTriggerType {
+        id: String,
+        #[serde(default)]
+        description: Option<String>,
+    },
+    UnregisterTriggerType {
+        id: String,
+    },
+    /// Kept whole in the raw message: the owner receives its fields.
+    RegisterTrigger,
+    UnregisterTrigger {
+        id: String,
+    },
+    TriggerRegistrationResult,
     Ping,
     Reattach {
         previous_worker_id: String,
@@ -162,6 +176,27 @@ mod tests {
             Inbound::InvokeFunction { invocation_id, .. } => assert!(invocation_id.is_none()),
             other => panic!("decoded as {other:?}"),
         }
+    }
+
+    #[test]
+    fn trigger_messages_decode_with_all_their_fields() {
+        let message: Inbound = serde_json::from_value(json!({
+            "type": "registertrigger", "id": "t", "trigger_type": "a::event",
+            "function_id": "f", "config": {"kinds": ["ready"]}, "namespace": "ns"
+        }))
+        .unwrap();
+        assert!(matches!(message, Inbound::RegisterTrigger));
+        let message: Inbound = serde_json::from_value(json!({
+            "type": "triggerregistrationresult", "id": "t", "trigger_type": "a::event",
+            "function_id": "f", "error": {"code": "c", "message": "m"}
+        }))
+        .unwrap();
+        assert!(matches!(message, Inbound::TriggerRegistrationResult));
+        let message: Inbound = serde_json::from_value(json!({
+            "type": "unregistertrigger", "id": "t", "trigger_type": "a::event"
+        }))
+        .unwrap();
+        assert!(matches!(message, Inbound::UnregisterTrigger { .. }));
     }
 
     #[test]

@@ -87,6 +87,9 @@ pub async fn launch<B: Backend>(
     match boot(plugin, record).await {
         Ok(()) => {
             tracing::info!(vm_id = %record.vm_id, image = %record.image, "worker VM started");
+            plugin
+                .events
+                .emit(|| crate::events::Event::worker_started(&record.vm_id, &record.image));
             Ok(())
         }
         Err(e) => {
@@ -261,6 +264,13 @@ async fn finish<B: Backend>(
 ) {
     run.program_ended.store(true, Ordering::SeqCst);
     teardown(plugin, run).await;
+    plugin.events.emit(|| {
+        crate::events::Event::worker_exited(
+            vm_id,
+            outcome.as_ref().ok().map(|exit| exit.exit_code),
+            run.stop_requested.load(Ordering::SeqCst),
+        )
+    });
     if !run.stop_requested.load(Ordering::SeqCst) {
         let (state, exit_code, error) = match outcome {
             Ok(exit) => (WorkerState::Exited, Some(exit.exit_code), None),
