@@ -45,6 +45,8 @@ pub fn info<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
         },
         "warm_pool": plugin.pool.status(),
         "boots": plugin.pool.boots(),
+        // Subscribers of the lifecycle-event trigger types (docs/events.md).
+        "events": {"subscribers": plugin.events.subscribers()},
         // The shell's connection to the engine (null under a shell that reports none): how
         // an operator tells a lost or contested bus name from a healthy one.
         "bus": plugin.host.bus_state(),
