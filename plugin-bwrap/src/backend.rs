@@ -314,6 +314,7 @@ impl Backend for BwrapBackend {
             writer: Box::new(stdin),
             process: Box::new(BwrapProcess {
                 process: ChildProcess::new(child),
+                log_file: spec.layer_dir.join(LOG_FILE),
                 freezer: cgroup::Freezer::of(&group, cgroup::Placement::get().v2),
                 group,
                 log,
@@ -630,6 +631,9 @@ fn mount_args(mounts: &[GuestMount]) -> Vec<String> {
 /// bwrap, plus the sandbox's cgroups to remove once it is gone.
 struct BwrapProcess {
     process: ChildProcess,
+    /// The sandbox's log (its launcher's and bwrap's words), for
+    /// [`SandboxProcess::last_words`].
+    log_file: PathBuf,
     /// Done once the last writer of the sandbox's log is gone and all it wrote is on disk.
     log: bounded_log::Drained,
     group: Vec<PathBuf>,
@@ -672,6 +676,10 @@ impl SandboxProcess for BwrapProcess {
 
     fn is_alive(&self) -> bool {
         self.process.is_alive()
+    }
+
+    fn last_words(&self) -> String {
+        sandbox_core::log_tails(&[("sandbox", &self.log_file)])
     }
 
     async fn kill(&self) {

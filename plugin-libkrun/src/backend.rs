@@ -234,6 +234,7 @@ impl LibkrunBackend {
             // (pasta, the resolver proxy) all live and die with the runner process.
             process: Box::new(VmProcess {
                 runner: ChildProcess::new(child),
+                logs: (layout.runner_log.clone(), layout.console_log.clone()),
             }),
         })
     }
@@ -268,6 +269,8 @@ impl LibkrunBackend {
 /// The runner's process.
 struct VmProcess {
     runner: ChildProcess,
+    /// The runner's log and the guest console's, for [`SandboxProcess::last_words`].
+    logs: (PathBuf, PathBuf),
 }
 
 #[async_trait]
@@ -278,6 +281,10 @@ impl SandboxProcess for VmProcess {
 
     fn is_alive(&self) -> bool {
         self.runner.is_alive()
+    }
+
+    fn last_words(&self) -> String {
+        log_tails(&self.logs.0, &self.logs.1)
     }
 
     /// The VM as the host pays for it: the runner's CPU time (every vCPU and device thread)

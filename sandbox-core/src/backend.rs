@@ -149,6 +149,13 @@ pub trait SandboxProcess: Send + Sync {
         Counters::default()
     }
 
+    /// The last lines its host side wrote (a VM runner's log and the guest console, a bwrap
+    /// sandbox's log), bounded as [`log_tails`] bounds them, each tail `; <name> log tail: ..`;
+    /// empty where it keeps none. What an agent that stopped answering carries to its caller.
+    fn last_words(&self) -> String {
+        String::new()
+    }
+
     /// Continues every process that [`SandboxProcess::pause`] stopped.
     async fn resume(&self) -> Result<(), SandboxError> {
         Err(SandboxError::BackendUnsupported(

@@ -203,6 +203,12 @@ pub async fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError
         AgentError::Request(refusal) => {
             SandboxError::InvalidRequest(format!("the agent refused: {refusal}"))
         }
+        // What the sandbox's host side wrote last says why, if anything does (a guest that
+        // panicked, a runner that lost its VM).
+        unresponsive @ AgentError::Unresponsive { .. } => SandboxError::Internal(format!(
+            "{unresponsive}{}",
+            sandbox.process.last_words()
+        )),
         other => SandboxError::Internal(other.to_string()),
     }
 }
@@ -226,6 +232,9 @@ mod tests {
             true
         }
         async fn kill(&self) {}
+        fn last_words(&self) -> String {
+            "; console log tail: Kernel panic - not syncing".into()
+        }
     }
 
     /// A registered sandbox whose agent said hello over an in-memory pipe (and nothing more).
@@ -277,6 +286,21 @@ mod tests {
                 "{own_exit}"
             );
         }
+    }
+
+    /// An agent that stopped answering is S500 with what the sandbox's host side wrote last,
+    /// so the failure says why; other failures carry none of it.
+    #[tokio::test]
+    async fn an_unresponsive_agent_is_s500_with_the_sandboxs_last_words() {
+        let registry = Registry::new(2);
+        let sandbox = sandbox(&registry).await;
+        let error = agent_failure(&sandbox, AgentError::Unresponsive { id: 3 }).await;
+        assert_eq!(error.code(), "S500");
+        let text = error.to_string();
+        assert!(text.contains("did not answer request 3"), "{text}");
+        assert!(text.contains("console log tail: Kernel panic"), "{text}");
+        let other = agent_failure(&sandbox, AgentError::Unexpected("x".into())).await;
+        assert!(!other.to_string().contains("Kernel panic"), "{other}");
     }
 
     #[test]
