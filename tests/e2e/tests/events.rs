@@ -5,6 +5,7 @@
 //! not keep up delays no sandbox call and is dropped once its queue is full.
 
 mod sandbox_support;
+mod worker_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -432,4 +433,68 @@ async fn timings(stack: &Stack, id: &str, creates: usize, execs: usize) -> (Vec<
         assert_eq!(answer["exit_code"], 0, "{answer}");
     }
     (created, ran)
+}
+
+/// A worker VM's program starting and ending reach a subscriber (raw protocol, answering each
+/// call as an SDK would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_vms_starting_and_exiting_are_events() {
+    let test = "worker_vms_starting_and_exiting_are_events";
+    if !bwrap_usable(test) {
+        return;
+    }
+    let project = e2e_tests::host_dir();
+    let stack = Stack::start(json!({}), worker_support::compose_options(project.path())).await;
+    let subscriber = Client::connect(&stack.engine.url()).await.expect("connect");
+    subscriber
+        .announce("raw-worker-event-subscriber", None)
+        .expect("announce");
+    subscriber
+        .register_function("raw::on_worker_event", None, None, None)
+        .expect("register");
+    stack
+        .client
+        .wait_for_function("raw::on_worker_event", None, ARRIVE_WITHIN)
+        .await
+        .expect("the subscriber's function is on the bus");
+    let binding = json!({"type": "registertrigger", "id": "workers", "trigger_type": TRIGGER_TYPE,
+        "function_id": "raw::on_worker_event",
+        "config": {"kinds": ["worker_started", "worker_exited"]}});
+    subscriber.send(binding).expect("send");
+    wait_subscribers(&stack, 1).await;
+
+    let vm_id = "events-worker";
+    worker_support::worker_ok(
+        &stack,
+        "prepare",
+        json!({"vm_id": vm_id, "image": "python", "host_path": project.path()}),
+    )
+    .await;
+    worker_support::worker_ok(
+        &stack,
+        "start",
+        json!({"vm_id": vm_id, "command": ["/bin/sh", "-c", "exit 7"]}),
+    )
+    .await;
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let call = subscriber
+            .next_of_type("invokefunction", ARRIVE_WITHIN)
+            .await
+            .unwrap_or_else(|| panic!("worker events: {seen:?}\n{}", stack.adapter.log()));
+        let invocation = call["invocation_id"].as_str().expect("a call to answer");
+        subscriber
+            .answer(invocation, "raw::on_worker_event", Ok(json!({})))
+            .expect("answer");
+        seen.push(call["data"].clone());
+    }
+    assert_eq!(seen[0]["kind"], "worker_started", "{seen:?}");
+    assert_eq!(seen[0]["vm_id"], vm_id, "{seen:?}");
+    assert_eq!(seen[0]["image"], "python", "{seen:?}");
+    assert!(seen[0].get("sandbox_id").is_none(), "{seen:?}");
+    assert_eq!(seen[1]["kind"], "worker_exited", "{seen:?}");
+    assert_eq!(seen[1]["vm_id"], vm_id, "{seen:?}");
+    assert_eq!(seen[1]["exit_code"], 7, "{seen:?}");
+    assert_eq!(seen[1]["stop_requested"], false, "{seen:?}");
+    worker_support::worker_ok(&stack, "destroy", json!({ "vm_id": vm_id })).await;
 }
