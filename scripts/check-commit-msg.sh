@@ -54,7 +54,10 @@ if [ "${1:-}" = "--range" ]; then
     exit 0
 fi
 
-[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: $0 MSG_FILE | --range A..B" >&2; exit 2; }
+if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+    echo "usage: $0 MSG_FILE | --range A..B" >&2
+    exit 2
+fi
 found=$(problems "commit message" strip < "$1")
 if [ -n "$found" ]; then
     echo "$found" >&2

@@ -120,8 +120,9 @@ setup() {
 
 binfmt() {
   host_packages
-  [ -d /proc/sys/fs/binfmt_misc ] && [ -e /proc/sys/fs/binfmt_misc/register ] ||
+  if [ ! -d /proc/sys/fs/binfmt_misc ] || [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
     mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  fi
   [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || update-binfmts --enable qemu-aarch64 >&2
   [ -e "$runtime/.done" ] || setup >/dev/null
   mkdir -p /etc/qemu-binfmt

@@ -62,7 +62,7 @@ name=sandbox-libkrun
 archive=$name-$target.tar.gz
 cargo_target=()         # --target for every cargo build, on a cross build only
 release_dir=$target_dir/release
-strip=strip
+strip="strip"
 
 if [ "$target" != "$host" ]; then
   if [ "$target-$host" != aarch64-unknown-linux-gnu-x86_64-unknown-linux-gnu ]; then

@@ -86,7 +86,7 @@ out=$(env -i HOME="$work/home" PATH=$system_path "$bin" --plugin nosuch 2>&1); r
 set -e
 [ "$rc" = 2 ] || fail "exit $rc: $out"
 echo "$out" | grep -q "no such embedded plugin (this build carries: bwrap, libkrun)" || fail "$out"
-[ ! -e "$work/home/.iii" ] || fail "~/.iii written"
+[ ! -e "$work/home/.iii" ] || fail "\$HOME/.iii written"
 
 phase "registry with an aarch64 python image"
 bash "$root/scripts/cross-aarch64.sh" arm64-root >/dev/null

@@ -72,7 +72,7 @@ for a in sh mount mkdir modprobe ip switch_root poweroff sleep cat chmod sync ec
 done
 for m in $modules; do modprobe -d "$kdir/root" -S "$kver" --show-depends "$m"; done \
   | awk '$1 == "insmod" {print $2}' | sort -u | while read -r f; do
-    rel=${f#*/lib/modules/$kver/}
+    rel=${f#*/lib/modules/"$kver"/}
     mkdir -p "$ir/lib/modules/$kver/$(dirname "$rel")"; cp "$f" "$ir/lib/modules/$kver/$rel"
   done
 cp "$kdir/root/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$ir/lib/modules/$kver/"
