@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the lab's inner script (libkrun-e2e.sh writes it): runs the lab's test passes,
 # keeps going when one fails, and says at the end why each failed.
 #
@@ -103,6 +104,7 @@ pass() {
     echo "[lab] $label: every failed test ended by the lab's guest reset (KVM_EXIT_SHUTDOWN) or silent hang, run again in ${lab_rerun_pause} s (run $run of at most $((lab_reruns + 1))):$again"
     sleep "$lab_rerun_pause"
     out=$lab_state/$key.$run.log
+    # shellcheck disable=SC2086 # $exact and $again are lists of words
     "${rerun[@]}" $exact $again 2>&1 | tee "$out"
     if [ "${PIPESTATUS[0]}" = 0 ]; then
       echo "[lab] $label: passed when run again after the lab's guest reset:$again"

@@ -111,7 +111,7 @@ if [ ! -f "$INITRD" ]; then
   for a in $("$IR"/bin/busybox --list); do [ -e "$IR/bin/$a" ] || ln -s busybox "$IR/bin/$a"; done
   for m in $MODULES; do modprobe -d "$KDIR" -S "$KVER" --show-depends "$m"; done \
     | awk '$1 == "insmod" {print $2}' | sort -u | while read -r f; do
-      rel=${f#*/lib/modules/$KVER/}
+      rel=${f#*/lib/modules/"$KVER"/}
       mkdir -p "$IR/lib/modules/$KVER/$(dirname "$rel")"; cp "$f" "$IR/lib/modules/$KVER/$rel"
     done
   cp "$KDIR/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$IR/lib/modules/$KVER/"
@@ -126,6 +126,7 @@ if [ -n "${LAB_SCRATCH_DIR:-}" ]; then SCRATCH=$LAB_SCRATCH_DIR; mkdir -p "$SCRA
 else SCRATCH=$(mktemp -d); KEEP=; fi
 # The lab's /tmp: a sparse ext4 image made afresh for each boot (LAB_TMP_MB, default 8192).
 TMP_DISK=$(mktemp "${TMPDIR:-/tmp}/vm-lab-tmp.XXXXXX")
+# shellcheck disable=SC2317 # called by the trap
 cleanup() { rm -f "$TMP_DISK"; [ -n "$KEEP" ] || rm -rf "$SCRATCH"; }
 trap cleanup EXIT
 MKFS=$(command -v mkfs.ext4 || echo /usr/sbin/mkfs.ext4)

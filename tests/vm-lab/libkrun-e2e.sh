@@ -32,7 +32,7 @@ repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 log() { echo "[vm-lab libkrun-e2e] $*" >&2; }
 
-mode=test; n=3
+mode="test"; n=3
 if [ "${1:-}" = "--measure" ]; then mode=measure; n=${2:-3}; fi
 # `ci`: the passes .ci/run runs. `more`: those its 60 minutes leave out, a job of their own
 # (.ci/lab-more): the network tests that narrow the policy, DNS and names in the lists (as on

@@ -29,7 +29,7 @@ done > /tmp/vm-lab/times
 INNER
 
 : > "$scratch/lab-times"
-for i in $(seq "$N"); do
+for _ in $(seq "$N"); do
   t=$(date +%s%N); "$here/lab.sh" true 2>/dev/null
   echo "lab $(( ($(date +%s%N) - t) / 1000000 ))" >> "$scratch/lab-times"
 done
