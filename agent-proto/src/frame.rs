@@ -64,11 +64,21 @@ pub enum Kind {
     TcpAck = 20,
     /// Empty, either way: the stream is over.
     TcpClose = 21,
+    /// JSON [`crate::WatchRequest`], host to agent: start watching a path.
+    WatchStart = 22,
+    /// JSON [`crate::WatchBatch`], agent to host: what changed.
+    WatchEvents = 23,
+    /// JSON [`crate::FlowAck`] counting batches, host to agent: batches passed on.
+    WatchAck = 24,
+    /// Empty, host to agent: end the watch.
+    WatchStop = 25,
+    /// JSON [`crate::WatchEnd`], agent to host, always last for a watch.
+    WatchEnd = 26,
 }
 
 impl Kind {
     /// Every kind, in wire order (used by tests that pin the set).
-    pub const ALL: [Kind; 21] = [
+    pub const ALL: [Kind; 26] = [
         Kind::Hello,
         Kind::ExecStart,
         Kind::Stdin,
@@ -90,6 +100,11 @@ impl Kind {
         Kind::TcpData,
         Kind::TcpAck,
         Kind::TcpClose,
+        Kind::WatchStart,
+        Kind::WatchEvents,
+        Kind::WatchAck,
+        Kind::WatchStop,
+        Kind::WatchEnd,
     ];
 
     fn from_wire(byte: u8) -> Option<Kind> {

@@ -15,7 +15,8 @@
 //! `OutputAck` host to agent and `StdinAck` agent to host (see [`ExecRequest::flow_window`]).
 //! An exec on a terminal (agents whose `Hello` lists `exec_tty`) may get `Resize` frames
 //! host to agent (see [`ExecRequest::tty`]). Agents whose `Hello` lists `tcp_stream` relay
-//! TCP streams to the guest's loopback (`TcpConnect`, `TcpData`, ..., see [`tcp`]).
+//! TCP streams to the guest's loopback (`TcpConnect`, `TcpData`, ..., see [`tcp`]); agents whose
+//! `Hello` lists `fs_watch` watch paths (`WatchStart`, `WatchEvents`, ..., see [`watch`]).
 
 pub mod error;
 pub mod exec;
@@ -24,6 +25,7 @@ pub mod fs;
 pub mod hello;
 pub mod message;
 pub mod tcp;
+pub mod watch;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -40,3 +42,7 @@ pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse, FS_C
 pub use hello::{Hello, PROTOCOL_VERSION};
 pub use message::{Message, MessageError};
 pub use tcp::{TcpConnect, FEATURE_TCP_STREAM, MAX_TCP_STREAMS};
+pub use watch::{
+    WatchBatch, WatchEnd, WatchEvent, WatchKind, WatchRequest, FEATURE_FS_WATCH, MAX_WATCHES,
+    MAX_WATCH_DIRS,
+};

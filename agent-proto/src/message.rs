@@ -9,6 +9,7 @@ use crate::exec::{ExecExit, ExecRequest, FlowAck, TtySize};
 use crate::frame::{Frame, Kind, FLAG_BODY, FLAG_END};
 use crate::fs::{FsReply, FsRequest};
 use crate::tcp::TcpConnect;
+use crate::watch::{WatchBatch, WatchEnd, WatchRequest};
 use crate::{Hello, RequestError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +51,12 @@ pub enum Message {
     },
     TcpAck(FlowAck),
     TcpClose,
+    /// Watch messages (see [`crate::watch`]).
+    WatchStart(WatchRequest),
+    WatchEvents(WatchBatch),
+    WatchAck(FlowAck),
+    WatchStop,
+    WatchEnd(WatchEnd),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +105,11 @@ impl Message {
             }
             Message::TcpAck(m) => json(id, Kind::TcpAck, &m)?,
             Message::TcpClose => Frame::new(id, Kind::TcpClose, Vec::new()),
+            Message::WatchStart(m) => json(id, Kind::WatchStart, &m)?,
+            Message::WatchEvents(m) => json(id, Kind::WatchEvents, &m)?,
+            Message::WatchAck(m) => json(id, Kind::WatchAck, &m)?,
+            Message::WatchStop => Frame::new(id, Kind::WatchStop, Vec::new()),
+            Message::WatchEnd(m) => json(id, Kind::WatchEnd, &m)?,
         };
         Ok(frame)
     }
@@ -140,6 +152,11 @@ impl Message {
             },
             Kind::TcpAck => Message::TcpAck(parse(&frame)?),
             Kind::TcpClose => empty(frame, Message::TcpClose)?,
+            Kind::WatchStart => Message::WatchStart(parse(&frame)?),
+            Kind::WatchEvents => Message::WatchEvents(parse(&frame)?),
+            Kind::WatchAck => Message::WatchAck(parse(&frame)?),
+            Kind::WatchStop => empty(frame, Message::WatchStop)?,
+            Kind::WatchEnd => Message::WatchEnd(parse(&frame)?),
         };
         Ok(msg)
     }

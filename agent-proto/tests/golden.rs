@@ -239,6 +239,42 @@ fn samples() -> Vec<(&'static str, Message)> {
             "error_connect_failed",
             Message::Error(RequestError::new(ErrorCode::ConnectFailed, "refused")),
         ),
+        (
+            "watch_start",
+            Message::WatchStart(WatchRequest {
+                path: "/work".into(),
+                recursive: true,
+                max_dirs: 8192,
+            }),
+        ),
+        (
+            "watch_events",
+            Message::WatchEvents(WatchBatch {
+                events: vec![
+                    WatchEvent {
+                        kind: WatchKind::Moved,
+                        path: "src/b.rs".into(),
+                        is_dir: false,
+                        from: Some("src/a.rs".into()),
+                    },
+                    WatchEvent {
+                        kind: WatchKind::Overflow,
+                        path: String::new(),
+                        is_dir: false,
+                        from: None,
+                    },
+                ],
+                watched: 3,
+            }),
+        ),
+        ("watch_ack", Message::WatchAck(FlowAck { bytes: 1 })),
+        ("watch_stop", Message::WatchStop),
+        (
+            "watch_end",
+            Message::WatchEnd(WatchEnd {
+                error: Some(FsError::new(FsErrorCode::NotFound, "/work: gone")),
+            }),
+        ),
     ]
 }
 

@@ -20,6 +20,7 @@ mod server;
 mod sys;
 mod tcp;
 mod transport;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -14,6 +14,7 @@ use crate::exec::{self, ExecContext, ExecHandle};
 use crate::fs;
 use crate::log::log;
 use crate::tcp::Streams;
+use crate::watch::Watches;
 
 /// Largest fs write body the agent buffers; larger files are written in appended parts.
 const MAX_WRITE_BODY: usize = 64 * 1024 * 1024;
@@ -40,6 +41,8 @@ struct Server {
     bodies: HashMap<u32, (FsRequest, Vec<u8>)>,
     /// TCP streams to the sandbox's loopback (the host's exposed ports).
     streams: Streams,
+    /// File watches (`WatchStart`).
+    watches: Watches,
 }
 
 pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
@@ -48,6 +51,7 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         FEATURE_EXEC_FLOW,
         FEATURE_EXEC_TTY,
         FEATURE_TCP_STREAM,
+        agent_proto::FEATURE_FS_WATCH,
     ]);
     ctx.outbox.send(0, Message::Hello(hello));
     if let Err(e) = handshake(reader, &ctx) {
@@ -58,6 +62,7 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         execs: Arc::default(),
         bodies: HashMap::new(),
         streams: Streams::default(),
+        watches: Watches::default(),
     };
     loop {
         let frame = match Frame::read_from(reader) {
@@ -145,6 +150,9 @@ impl Server {
             Message::TcpData { data, end } => self.streams.data(id, data, end),
             Message::TcpAck(ack) => self.streams.ack(id, ack.bytes),
             Message::TcpClose => self.streams.close(id),
+            Message::WatchStart(request) => self.watches.start(id, request, &self.ctx.outbox),
+            Message::WatchAck(ack) => self.watches.ack(id, ack.bytes),
+            Message::WatchStop => self.watches.stop(id),
             other => {
                 let what = format!("{other:?}").chars().take(80).collect::<String>();
                 self.refuse(
@@ -215,6 +223,7 @@ impl Server {
 
     fn kill_all(&self) {
         self.streams.close_all();
+        self.watches.stop_all();
         for handle in lock(&self.execs).values() {
             handle.control.request_kill();
         }

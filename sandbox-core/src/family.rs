@@ -546,6 +546,7 @@ mod tests {
             "resume",
             "metrics",
             "fs::grep",
+            "fs::watch",
             "snapshot::create",
             "fork",
             "run",

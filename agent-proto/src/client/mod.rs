@@ -5,6 +5,7 @@
 mod flow;
 mod io;
 pub mod tcp;
+pub mod fswatch;
 #[cfg(test)]
 mod tests;
 mod waiters;
@@ -23,6 +24,7 @@ use crate::{
 };
 pub use flow::{FlowExec, FlowExit, FlowHandle};
 pub use tcp::{TcpEvent, TcpReader, TcpWriter};
+pub use fswatch::{WatchItem, WatchStream};
 use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::client::flow::FlowState;
 use crate::client::tcp::TcpEvent;
+use crate::client::fswatch::WatchWaiter;
 use crate::client::{AgentError, OutputChunk};
 use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
 
@@ -61,6 +62,7 @@ pub(crate) enum Waiter {
     ExecFlow(FlowWaiter),
     Fs(FsWaiter),
     Shutdown(Reply<()>),
+    Watch(WatchWaiter),
 }
 
 /// A chunk for a sink that had no room when it arrived: the read loop waits for room
@@ -89,6 +91,7 @@ impl Waiter {
             }
             Waiter::Fs(w) => drop(w.reply.send(Err(err))),
             Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
+            Waiter::Watch(w) => w.fail(err),
             // Dropping the sink ends the stream for its reader.
             Waiter::Tcp(w) => {
                 w.state.finish();
@@ -221,6 +224,18 @@ impl Waiters {
                 if let Some(Waiter::Tcp(w)) = self.map.remove(&id) {
                     w.agent_closed.store(true, Ordering::SeqCst);
                     w.state.finish();
+                }
+            }
+            (Waiter::Watch(w), Message::WatchEvents(batch)) => {
+                if let Err(why) = w.batch(batch) {
+                    if let Some(w) = self.map.remove(&id) {
+                        w.fail(AgentError::Unexpected(why));
+                    }
+                }
+            }
+            (Waiter::Watch(_), Message::WatchEnd(end)) => {
+                if let Some(Waiter::Watch(w)) = self.map.remove(&id) {
+                    w.end(end);
                 }
             }
             (Waiter::Shutdown(_), Message::ShutdownAck) => {

@@ -4,7 +4,7 @@
 //! thread of its own within its deadline (`call`), its large buffers within one budget
 //! (`budget`).
 
-mod at;
+pub(crate) mod at;
 mod budget;
 mod call;
 mod entry;

@@ -10,6 +10,7 @@ mod mode;
 pub mod schema;
 mod search;
 mod tree;
+mod watch;
 
 use std::sync::Arc;
 
@@ -40,6 +41,7 @@ pub async fn dispatch<B: Backend>(
         "read" => file::read(plugin, payload).await,
         "grep" => search::grep(plugin, payload).await,
         "sed" => search::sed(plugin, payload).await,
+        "watch" => watch::watch(plugin, payload).await,
         other => Err(SandboxError::InvalidRequest(format!(
             "unknown function `fs::{other}`"
         ))),

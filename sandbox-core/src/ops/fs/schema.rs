@@ -132,7 +132,38 @@ pub fn specs() -> Vec<(&'static str, &'static str, Value, Value)> {
                 }),
             ),
         ),
+        (
+            "fs::watch",
+            "Watch a path in a sandbox: created, modified, deleted and moved paths streamed as NDJSON lines into a channel until it is closed or the sandbox stops",
+            watch_request(),
+            object(
+                &["ended", "events", "overflows", "limit"],
+                json!({
+                    "ended": {"type": "string", "enum": ["channel_closed", "sandbox_stopped"]},
+                    "events": {"type": "integer", "minimum": 0, "description": "Event lines streamed"},
+                    "overflows": {"type": "integer", "minimum": 0, "description": "Overflow lines streamed (events were lost there)"},
+                    "limit": {"description": "{code: \"S400\", message} when the watch reached its directory limit", "oneOf": [{"type": "object"}, {"type": "null"}]},
+                }),
+            ),
+        ),
     ]
+}
+
+fn watch_request() -> Value {
+    let mut stream = crate::ops::stream::schema("write");
+    stream["description"] = "Write end of a channel from engine::channels::create: a line \
+        {\"kind\":\"ready\"} once the watch is in place, then one line per event \
+        {path, kind, is_dir} (moved: from, to), {\"kind\":\"overflow\"} where events were \
+        lost; closing its read end ends the watch"
+        .into();
+    path_request(
+        &["stream"],
+        json!({
+            "recursive": flag("Watch every directory below too (never through a symbolic link), and new ones as they appear"),
+            "max_dirs": {"type": "integer", "minimum": 1, "maximum": agent_proto::MAX_WATCH_DIRS, "description": "Directories a recursive watch holds at most (default and largest 8192, lowered to the sandbox's inotify share); past it a `limit` line"},
+            "stream": stream,
+        }),
+    )
 }
 
 fn globs(what: &str) -> Value {
@@ -280,7 +311,7 @@ mod tests {
     #[test]
     fn every_fs_function_has_object_schemas_naming_its_required_fields() {
         let specs = specs();
-        assert_eq!(specs.len(), 10);
+        assert_eq!(specs.len(), 11);
         for (id, _, request, response) in specs {
             assert_eq!(request["type"], "object", "{id}");
             assert_eq!(response["type"], "object", "{id}");

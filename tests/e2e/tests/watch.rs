@@ -1,0 +1,355 @@
+//! `fs::watch` through the engine on the bwrap plugin: events of a create, a write, a rename
+//! and a delete in order; a burst of 100,000 events coalesced or overflow-flagged within
+//! bounded memory of the agent and the adapter; the watch's end when the caller closes its
+//! channel and when the sandbox stops; symbolic links never followed; bad paths S21x.
+
+mod sandbox_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e_tests::{bwrap_usable, RemoteError, Stack};
+use iii_sdk::channel::ChannelReader;
+use sandbox_support::streams::{channel, channel_ref};
+use sandbox_support::{agent_pid, create, exec_ok, expect_err, sh, status_kib, stop};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// Growth of the agent's resident memory a burst may cause at most: its queue holds 1 MiB of
+/// events (paths counted twice, for coalescing), plus a 64 KiB read buffer and the batches
+/// being encoded.
+const AGENT_GROWTH_KIB: u64 = 8 * 1024;
+/// The adapter's: at most 4 batches of 512 events in flight per watch, plus the channel's
+/// socket buffers and allocator slack.
+const ADAPTER_GROWTH_KIB: u64 = 32 * 1024;
+
+/// The watch's NDJSON lines, read from the channel's read end by a task of their own (a read
+/// cut short by a timeout would lose the channel's connection).
+struct Lines {
+    reader: Arc<ChannelReader>,
+    frames: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    fn new(stack: &Stack, read_end: &Value) -> Lines {
+        let reader = Arc::new(ChannelReader::new(
+            &stack.engine.url(),
+            &channel_ref(read_end),
+        ));
+        let (tx, frames) = mpsc::unbounded_channel();
+        let task_reader = reader.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let frame = task_reader.next_binary().await.expect("the stream reads");
+                let end = frame.is_none();
+                if tx.send(frame).is_err() || end {
+                    return;
+                }
+            }
+        });
+        Lines {
+            reader,
+            frames,
+            task,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Closes the read end, as a caller that is done watching does.
+    async fn close(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        self.reader.close().await.expect("close the read end");
+    }
+
+    /// The next line; `None` at the end of the stream, `Err` when nothing came in `wait`.
+    async fn next_within(&mut self, wait: Duration) -> Result<Option<Value>, ()> {
+        loop {
+            if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=at).collect();
+                let value = serde_json::from_slice(&line[..line.len() - 1])
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                return Ok(Some(value));
+            }
+            let frame = tokio::time::timeout(wait, self.frames.recv())
+                .await
+                .map_err(|_| ())?
+                .expect("the reading task is alive");
+            match frame {
+                Some(data) => self.pending.extend(data),
+                None => {
+                    assert!(self.pending.is_empty(), "a torn last line");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Option<Value> {
+        self.next_within(Duration::from_secs(60))
+            .await
+            .expect("a line within 60 s")
+    }
+
+    /// Lines until one matches `until` (included).
+    async fn until(&mut self, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let line = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("the stream ended; saw {seen:?}"));
+            let done = until(&line);
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+/// Starts `fs::watch` on a task of its own and waits for its `ready` line.
+async fn start_watch(
+    stack: &Arc<Stack>,
+    id: &str,
+    fields: Value,
+) -> (
+    tokio::task::JoinHandle<Result<Value, RemoteError>>,
+    Lines,
+    Value,
+) {
+    let (write_end, read_end) = channel(stack).await;
+    let mut payload = json!({"sandbox_id": id, "stream": write_end});
+    if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
+        base.extend(fields);
+    }
+    let call_stack = stack.clone();
+    let call = tokio::spawn(async move { call_stack.call("fs::watch", payload).await });
+    let mut lines = Lines::new(stack, &read_end);
+    let ready = lines.next().await.expect("a ready line");
+    assert_eq!(ready["kind"], "ready", "{ready}");
+    (call, lines, ready)
+}
+
+async fn reply(call: tokio::task::JoinHandle<Result<Value, RemoteError>>) -> Value {
+    tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("fs::watch returns within 30 s")
+        .expect("the task")
+        .unwrap_or_else(|e| panic!("fs::watch failed: {e:?}"))
+}
+
+/// Create, write, rename, delete: the lines in that order, the rename paired; closing the
+/// channel's read end ends the call.
+#[tokio::test(flavor = "multi_thread")]
+async fn create_write_rename_delete_arrive_in_order() {
+    if !bwrap_usable("create_write_rename_delete_arrive_in_order") {
+        return;
+    }
+    let stack = Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    exec_ok(&stack, &id, sh("mkdir -p /tmp/w/sub")).await;
+    let (call, mut lines, ready) =
+        start_watch(&stack, &id, json!({"path": "/tmp/w", "recursive": true})).await;
+    assert_eq!(ready["watched"], 2, "{ready}");
+    exec_ok(
+        &stack,
+        &id,
+        sh("echo hi > /tmp/w/sub/a && mv /tmp/w/sub/a /tmp/w/sub/b && rm /tmp/w/sub/b"),
+    )
+    .await;
+    let seen = lines
+        .until(|l| l["kind"] == "deleted" && l["path"] == "/tmp/w/sub/b")
+        .await;
+    let shapes: Vec<(String, String)> = seen
+        .iter()
+        .map(|l| {
+            (
+                l["kind"].as_str().unwrap_or_default().to_string(),
+                l["path"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("created", "/tmp/w/sub/a"),
+        ("modified", "/tmp/w/sub/a"),
+        ("moved", "/tmp/w/sub/b"),
+        ("deleted", "/tmp/w/sub/b"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(k, p)| (k.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(shapes, want, "{seen:?}");
+    assert_eq!(seen[2]["from"], "/tmp/w/sub/a");
+    assert_eq!(seen[2]["to"], "/tmp/w/sub/b");
+    assert!(seen.iter().all(|l| l["is_dir"] == false), "{seen:?}");
+    // The caller closes its end: the call returns (within a heartbeat).
+    lines.close().await;
+    let answer = reply(call).await;
+    assert_eq!(answer["ended"], "channel_closed", "{answer}");
+    assert_eq!(answer["events"], 4, "{answer}");
+    // The agent dropped the watch: eight new ones fit again (the limit is per sandbox).
+    stop(&stack, &id, true).await;
+}
+
+/// 200,000 events while the caller reads nothing: 100,000 distinct files all arrive or are
+/// overflow-flagged, one file written 100,000 times coalesces; the agent's and the adapter's memory stay within their bounds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_is_coalesced_or_overflow_flagged_in_bounded_memory() {
+    if !bwrap_usable("a_burst_is_coalesced_or_overflow_flagged_in_bounded_memory") {
+        return;
+    }
+    let stack = Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    exec_ok(&stack, &id, sh("mkdir -p /tmp/burst")).await;
+    let agent = agent_pid(&stack, &id);
+    let adapter = stack.adapter.pid();
+    let (call, mut lines, _) = start_watch(&stack, &id, json!({"path": "/tmp/burst"})).await;
+    let rss = |pid: u32| status_kib(pid, "VmRSS").expect("VmRSS");
+    let (agent_before, adapter_before) = (rss(agent), rss(adapter));
+    let burst = "import os
+for i in range(100000):
+    open('/tmp/burst/f%d' % i, 'w').close()
+with open('/tmp/burst/one', 'wb', buffering=0) as f:
+    for i in range(100000):
+        f.write(b'x')
+";
+    let started = std::time::Instant::now();
+    exec_ok(&stack, &id, json!({"argv": ["python3", "-c", burst]})).await;
+    let burst_secs = started.elapsed().as_secs_f64();
+    let (agent_peak, adapter_peak) = (rss(agent), rss(adapter));
+    let (mut created, mut modified, mut overflows) = (0u64, 0u64, 0u64);
+    loop {
+        let line = match lines.next_within(Duration::from_secs(3)).await {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("the stream ended"),
+            Err(()) => break, // quiet: the burst is through
+        };
+        match line["kind"].as_str() {
+            Some("created") => created += 1,
+            Some("modified") => {
+                assert_eq!(line["path"], "/tmp/burst/one", "{line}");
+                modified += 1
+            }
+            Some("overflow") => overflows += 1,
+            other => panic!("unexpected line {other:?}: {line}"),
+        }
+    }
+    let (agent_after, adapter_after) = (rss(agent), rss(adapter));
+    eprintln!(
+        "burst of 200000 events in {burst_secs:.1} s: {created} created, {modified} modified, \
+         {overflows} overflow lines; agent RSS {agent_before} -> {agent_peak} -> \
+         {agent_after} KiB, adapter RSS {adapter_before} -> {adapter_peak} -> {adapter_after} KiB"
+    );
+    // Every create (and `one`'s) arrived, or the lines say where some were lost.
+    assert!(
+        created > 100_000 || overflows > 0,
+        "{created} of 100001 creates and no overflow line"
+    );
+    assert!(modified < 100_000, "{modified} modifications not coalesced");
+    let agent_growth = agent_peak.max(agent_after).saturating_sub(agent_before);
+    let adapter_growth = adapter_peak
+        .max(adapter_after)
+        .saturating_sub(adapter_before);
+    assert!(
+        agent_growth <= AGENT_GROWTH_KIB,
+        "the agent grew {agent_growth} KiB"
+    );
+    assert!(
+        adapter_growth <= ADAPTER_GROWTH_KIB,
+        "the adapter grew {adapter_growth} KiB"
+    );
+    // The watch still works after the burst.
+    exec_ok(&stack, &id, sh("touch /tmp/burst/after")).await;
+    lines
+        .until(|l| l["path"] == "/tmp/burst/after" || l["kind"] == "overflow")
+        .await;
+    lines.close().await;
+    assert_eq!(reply(call).await["ended"], "channel_closed");
+}
+
+/// Stopping the sandbox ends the watch: the channel closes and the call returns.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_watch_ends_when_the_sandbox_stops() {
+    if !bwrap_usable("the_watch_ends_when_the_sandbox_stops") {
+        return;
+    }
+    let stack = Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    let (call, mut lines, _) =
+        start_watch(&stack, &id, json!({"path": "/tmp", "recursive": true})).await;
+    stop(&stack, &id, true).await;
+    let mut rest = Vec::new();
+    while let Some(line) = lines.next().await {
+        rest.push(line);
+    }
+    let answer = reply(call).await;
+    assert_eq!(answer["ended"], "sandbox_stopped", "{answer} {rest:?}");
+}
+
+/// Links to a host-looking path or out of the watched directory are never entered; the
+/// watched path may not be a link (S212); missing S211, relative S210.
+#[tokio::test(flavor = "multi_thread")]
+async fn links_are_not_followed_and_bad_paths_are_s_codes() {
+    if !bwrap_usable("links_are_not_followed_and_bad_paths_are_s_codes") {
+        return;
+    }
+    let stack = Arc::new(Stack::bwrap().await);
+    let id = create(&stack, "python", json!({})).await;
+    exec_ok(
+        &stack,
+        &id,
+        sh(
+            "mkdir -p /tmp/w /tmp/outside && ln -s /tmp/outside /tmp/w/out && \
+            ln -s /etc /tmp/w/etc && ln -s /proc/1/root /tmp/w/root && ln -s /home /tmp/w/home",
+        ),
+    )
+    .await;
+    let (call, mut lines, ready) =
+        start_watch(&stack, &id, json!({"path": "/tmp/w", "recursive": true})).await;
+    assert_eq!(ready["watched"], 1, "no link entered: {ready}");
+    exec_ok(
+        &stack,
+        &id,
+        sh("touch /tmp/outside/secret /etc/watched-secret && touch /tmp/w/marker"),
+    )
+    .await;
+    let seen = lines.until(|l| l["path"] == "/tmp/w/marker").await;
+    assert!(
+        seen.iter().all(|l| l["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/tmp/w/") && !p.contains("secret"))),
+        "{seen:?}"
+    );
+    let call_fs = |fields: Value| {
+        let stack = stack.clone();
+        let id = id.clone();
+        async move {
+            let (write_end, _read_end) = channel(&stack).await;
+            let mut payload = json!({"sandbox_id": id, "stream": write_end});
+            if let (Some(base), Value::Object(fields)) = (payload.as_object_mut(), fields) {
+                base.extend(fields);
+            }
+            stack.call("fs::watch", payload).await
+        }
+    };
+    for (path, code) in [
+        ("/tmp/w/out", "S212"),
+        ("/tmp/w/etc", "S212"),
+        ("/nope/at/all", "S211"),
+        ("tmp/w", "S210"),
+    ] {
+        let (got, body) = expect_err(call_fs(json!({"path": path})).await, path);
+        assert_eq!(got, code, "{path}: {body}");
+    }
+    let (got, _) = expect_err(
+        call_fs(json!({"path": "/tmp/w", "max_dirs": 0})).await,
+        "max_dirs 0",
+    );
+    assert_eq!(got, "S001");
+    lines.close().await;
+    assert_eq!(reply(call).await["ended"], "channel_closed");
+}
