@@ -378,14 +378,11 @@ fn all_threads_stopped(pid: u32) -> bool {
     };
     let mut seen = 0;
     for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+        let Some(stat) = sandbox_core::proc_counters::ProcStat::read(&task.path().join("stat"))
+        else {
             continue; // a thread that just ended
         };
-        // After the name (which may hold spaces and parentheses): the state letter.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        if state != Some('T') {
+        if stat.state != 'T' {
             return false;
         }
         seen += 1;

@@ -25,15 +25,14 @@ impl ProcessId {
     /// The living process `pid`; `None` when there is none, or only its zombie (an adapter
     /// that died while its parent has not reaped it yet is dead: its sandboxes are leftovers).
     fn of(pid: u32) -> Option<Self> {
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields counted after the `)` that closes the command name, which may itself hold
-        // spaces or parentheses: state (3) first, starttime (22) twentieth.
-        let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-        if matches!(fields.next()?, "Z" | "X" | "x") {
+        let stat = crate::proc_counters::ProcStat::of(pid)?;
+        if stat.has_exited() {
             return None;
         }
-        let start_time = fields.nth(18)?.parse().ok()?;
-        Some(Self { pid, start_time })
+        Some(Self {
+            pid,
+            start_time: stat.start_time,
+        })
     }
 
     fn is_alive(&self) -> bool {
@@ -170,14 +169,8 @@ mod tests {
         // Exited, not reaped: only its zombie is left.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let zombie = loop {
-            let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-            if stat
-                .rsplit_once(')')
-                .unwrap()
-                .1
-                .trim_start()
-                .starts_with('Z')
-            {
+            let stat = crate::proc_counters::ProcStat::of(child.id()).unwrap();
+            if stat.state == 'Z' {
                 break true;
             }
             if std::time::Instant::now() > deadline {

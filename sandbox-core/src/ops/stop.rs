@@ -116,11 +116,9 @@ pub(crate) fn watch_agent<B: Backend>(plugin: Weak<SandboxPlugin<B>>, sandbox: &
 async fn exit_status(pid: u32, wait: Duration) -> Option<i32> {
     let deadline = Instant::now() + wait;
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-        if fields.next()? == "Z" {
-            // After the state (field 3), exit_code is field 52.
-            return fields.nth(48)?.parse().ok();
+        let stat = crate::proc_counters::ProcStat::of(pid)?;
+        if stat.state == 'Z' {
+            return stat.exit_code;
         }
         if Instant::now() >= deadline {
             return None;
