@@ -40,6 +40,12 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_TEXT: usize = 512;
 /// Longest trigger id or function id we keep.
 const MAX_ID: usize = 512;
+/// Functions an event is never sent to, whatever the subscriber asks: the engine's and iii's
+/// sandbox family's (the router, and providers like us). Our own functions, under the prefix
+/// the shell serves them with, are refused too (see `SubscribeRequest::prefix`). The adapter
+/// makes the call under its own identity, and an event's fields read as a request there: a
+/// `created` event sent to a `create` would start another sandbox, and so on.
+const RESERVED: &[&str] = &["engine::", "configuration::", "iii::", "sandbox::"];
 
 /// Every kind of event.
 pub const KINDS: &[&str] = &[
@@ -359,6 +365,9 @@ struct SubscribeRequest {
     /// The trigger type the binding named (ours or the family's): both feed the same events.
     #[serde(default)]
     trigger_type: Option<String>,
+    /// The prefix our functions are served under on the bus.
+    #[serde(default)]
+    prefix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -445,6 +454,18 @@ impl Events {
                     "the event trigger's `{field}` must be 1 to {MAX_ID} bytes"
                 )));
             }
+        }
+        let own = request.prefix.as_deref().map(|p| format!("{p}::"));
+        if let Some(reserved) = RESERVED
+            .iter()
+            .copied()
+            .chain(own.as_deref())
+            .find(|reserved| request.function_id.starts_with(reserved))
+        {
+            return Err(SandboxError::InvalidRequest(format!(
+                "events are not delivered to `{reserved}*` functions (the adapter's own, the \
+                 sandbox family's or the engine's); bind a function of your worker"
+            )));
         }
         let filter = Filter::parse(request.config)?;
         let mut subscribers = self.lock();
@@ -647,6 +668,20 @@ mod tests {
                 .subscribe(json!({"id": "t", "function_id": "f", "config": config}))
                 .unwrap_err();
             assert_eq!(refused.code(), "S001", "{config}: {refused}");
+        }
+        for function_id in [
+            "sandbox-libkrun::create",
+            "sandbox::create",
+            "sandbox::provider::libkrun::create",
+            "engine::workers::register",
+            "configuration::set",
+        ] {
+            let refused = events
+                .subscribe(
+                    json!({"id": "t", "function_id": function_id, "prefix": "sandbox-libkrun"}),
+                )
+                .unwrap_err();
+            assert_eq!(refused.code(), "S001", "{function_id}: {refused}");
         }
         let long = "x".repeat(MAX_ID + 1);
         assert!(events

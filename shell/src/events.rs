@@ -25,6 +25,8 @@ const DESCRIPTION: &str = "Sandbox lifecycle events: created, ready, paused, res
 struct Bindings {
     plugin: PluginInstance,
     trigger_type: String,
+    /// Our functions' prefix: events are never sent to them (the plugin refuses it).
+    prefix: String,
 }
 
 type Answer<'a> = Pin<Box<dyn Future<Output = Result<(), SdkError>> + Send + 'a>>;
@@ -46,6 +48,7 @@ impl TriggerHandler for Bindings {
                 "function_id": config.function_id,
                 "config": config.config,
                 "trigger_type": self.trigger_type,
+                "prefix": self.prefix,
             });
             self.plugin
                 .invoke("events::subscribe", payload)
@@ -97,6 +100,7 @@ pub fn register(iii: &IIIClient, plugin: &PluginInstance, prefix: &str, family: 
         let handler = Bindings {
             plugin: plugin.clone(),
             trigger_type: id.clone(),
+            prefix: prefix.to_string(),
         };
         // iii-sdk 0.25 marks trigger types deprecated in favour of observable functions; the
         // engines our users run still bind subscribers through `registertrigger`, which is

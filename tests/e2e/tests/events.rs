@@ -322,6 +322,26 @@ async fn bad_configs_are_refused_and_a_gone_subscriber_is_forgotten() {
         let message = result["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("S001"), "{config}: {result}");
     }
+    // An event is never made a call to the adapter's own functions (a `created` sent to
+    // `create` would start sandboxes without end), nor the family's or the engine's.
+    for function_id in [
+        format!("{PREFIX}::create"),
+        "sandbox::provider::libkrun::create".to_string(),
+        "engine::workers::register".to_string(),
+    ] {
+        subscriber
+            .send(
+                json!({"type": "registertrigger", "id": function_id, "trigger_type": TRIGGER_TYPE,
+                         "function_id": function_id, "config": {}}),
+            )
+            .expect("send");
+        let result = subscriber
+            .next_of_type("triggerregistrationresult", ARRIVE_WITHIN)
+            .await
+            .unwrap_or_else(|| panic!("no refusal of {function_id}\n{}", stack.adapter.log()));
+        let message = result["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("S001"), "{function_id}: {result}");
+    }
     assert_eq!(subscribers(&stack).await, 0);
 
     for trigger_type in [TRIGGER_TYPE, FAMILY_TRIGGER_TYPE] {
