@@ -596,61 +596,80 @@ pub fn copy_as_process(
 #[cfg(feature = "run")]
 const CAPTURE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// Why [`run`] got no size from the copying process. Its callers answer these with their
+/// S-codes: `OverBudget` is a resource limit, `Unstorable` what the store cannot hold (the
+/// plugins' S310), the others internal faults. The messages are the ones callers show.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot start {program} to copy the sandbox's files: {source}")]
+    Start {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("copying the sandbox's files took over {secs} s")]
+    TimedOut { secs: u64 },
+    #[error("the sandbox's files are over what `max_snapshot_disk_mb` has left ({limit} bytes)")]
+    OverBudget { limit: u64 },
+    /// `line`: the copier's own line, without its program name; the guest's text in it is
+    /// escaped.
+    #[error("{line}; remove or shrink it in the sandbox and take the snapshot again")]
+    Unstorable { line: String },
+    #[error("copying the sandbox's files failed ({status}): {stderr}")]
+    Failed {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("the copy did not say its size")]
+    NoSize,
+}
+
 /// Runs `command`, a process that copies a sandbox's layer with [`copy_as_process`] (the
 /// bwrap launcher's or the VM runner's `--capture-layer`), within a time bound, and reads
 /// its answer: the bytes it counted against `limit`.
 #[cfg(feature = "run")]
-pub async fn run(
-    mut command: tokio::process::Command,
-    limit: u64,
-) -> Result<u64, sandbox_core::SandboxError> {
-    use sandbox_core::SandboxError;
+pub async fn run(mut command: tokio::process::Command, limit: u64) -> Result<u64, RunError> {
     let program = command.as_std().get_program().to_owned();
-    let launcher = Path::new(&program);
     let copy = command
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
     let output = match tokio::time::timeout(CAPTURE_TIMEOUT, copy).await {
         Ok(Ok(output)) => output,
-        Ok(Err(e)) => {
-            return Err(SandboxError::Internal(format!(
-                "cannot start {} to copy the sandbox's files: {e}",
-                launcher.display()
-            )))
+        Ok(Err(source)) => {
+            return Err(RunError::Start {
+                program: Path::new(&program).display().to_string(),
+                source,
+            })
         }
         Err(_) => {
-            return Err(SandboxError::Internal(format!(
-                "copying the sandbox's files took over {} s",
-                CAPTURE_TIMEOUT.as_secs()
-            )))
+            return Err(RunError::TimedOut {
+                secs: CAPTURE_TIMEOUT.as_secs(),
+            })
         }
     };
     let stderr = String::from_utf8_lossy(&output.stderr);
     let stderr = stderr.trim();
     if output.status.code() == Some(i32::from(OVER_BUDGET_EXIT)) {
-        return Err(SandboxError::ResourceLimit(format!(
-            "the sandbox's files are over what `max_snapshot_disk_mb` has left ({limit} bytes)"
-        )));
+        return Err(RunError::OverBudget { limit });
     }
     if output.status.code() == Some(i32::from(UNSTORABLE_EXIT)) {
-        // The copier's own line, without its program name; the guest's text in it is escaped.
         let line = stderr.lines().last().unwrap_or_default();
         let line = line.split_once(": ").map_or(line, |(_, rest)| rest);
-        return Err(SandboxError::BackendUnsupported(format!(
-            "{line}; remove or shrink it in the sandbox and take the snapshot again"
-        )));
+        return Err(RunError::Unstorable {
+            line: line.to_string(),
+        });
     }
     if !output.status.success() {
-        return Err(SandboxError::Internal(format!(
-            "copying the sandbox's files failed ({}): {stderr}",
-            output.status
-        )));
+        return Err(RunError::Failed {
+            status: output.status,
+            stderr: stderr.to_string(),
+        });
     }
     String::from_utf8_lossy(&output.stdout)
         .trim()
         .parse()
-        .map_err(|_| SandboxError::Internal("the copy did not say its size".into()))
+        .map_err(|_| RunError::NoSize)
 }
 
 #[cfg(test)]
@@ -733,18 +752,18 @@ mod tests {
 
     #[cfg(feature = "run")]
     #[tokio::test]
-    async fn an_unstorable_exit_is_s310_with_the_copiers_line() {
+    async fn an_unstorable_exit_carries_the_copiers_line() {
         let mut command = tokio::process::Command::new("/bin/sh");
         command.args([
             "-c",
             "echo 'copier: the snapshot store cannot hold the xattr user.x (60000 bytes) of the sandbox'\"'\"'s file /a: limit' >&2; exit 4",
         ]);
         let error = run(command, 100).await.expect_err("refused");
-        let body = format!("{error:?}");
-        assert!(
-            matches!(error, sandbox_core::SandboxError::BackendUnsupported(ref m)
-                if m.starts_with("the snapshot store cannot hold the xattr user.x (60000 bytes) of the sandbox's file /a: limit;")),
-            "{body}"
+        assert!(matches!(error, RunError::Unstorable { .. }), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            "the snapshot store cannot hold the xattr user.x (60000 bytes) of the sandbox's \
+             file /a: limit; remove or shrink it in the sandbox and take the snapshot again"
         );
     }
 }

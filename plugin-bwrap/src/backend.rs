@@ -351,7 +351,9 @@ impl Backend for BwrapBackend {
             .arg(into)
             .arg(limit_bytes.to_string())
             .args(["--id-map", &self.id_map.to_arg()]);
-        layer_capture::run(copy, limit_bytes).await
+        layer_capture::run(copy, limit_bytes)
+            .await
+            .map_err(capture_error)
     }
 
     fn remove_guest_tree(&self, path: &Path) -> std::io::Result<()> {
@@ -769,6 +771,17 @@ impl WorkerDisks {
     }
 }
 
+/// A snapshot copy's failure as the S-code a caller sees: over `max_snapshot_disk_mb` is a
+/// resource limit (S400), a file the store cannot hold S310, anything else internal.
+fn capture_error(error: layer_capture::RunError) -> SandboxError {
+    let message = error.to_string();
+    match error {
+        layer_capture::RunError::OverBudget { .. } => SandboxError::ResourceLimit(message),
+        layer_capture::RunError::Unstorable { .. } => SandboxError::BackendUnsupported(message),
+        _ => SandboxError::Internal(message),
+    }
+}
+
 fn user_namespaces_allowed() -> bool {
     std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
         .ok()
@@ -780,6 +793,31 @@ fn user_namespaces_allowed() -> bool {
 mod tests {
     use super::*;
     use sandbox_core::Mount;
+
+    #[test]
+    fn snapshot_copy_failures_keep_their_s_codes_and_messages() {
+        let over = capture_error(layer_capture::RunError::OverBudget { limit: 7 });
+        assert_eq!(over.code(), "S400");
+        assert!(
+            matches!(&over, SandboxError::ResourceLimit(m)
+                if m == "the sandbox's files are over what `max_snapshot_disk_mb` has left (7 bytes)"),
+            "{over:?}"
+        );
+        let unstorable = capture_error(layer_capture::RunError::Unstorable {
+            line: "the snapshot store cannot hold the xattr user.x (9 bytes) of the sandbox's file /a: limit".into(),
+        });
+        assert_eq!(unstorable.code(), "S310");
+        assert!(
+            matches!(&unstorable, SandboxError::BackendUnsupported(m)
+                if m.ends_with("/a: limit; remove or shrink it in the sandbox and take the snapshot again")),
+            "{unstorable:?}"
+        );
+        let silent = capture_error(layer_capture::RunError::NoSize);
+        assert!(
+            matches!(&silent, SandboxError::Internal(m) if m == "the copy did not say its size"),
+            "{silent:?}"
+        );
+    }
 
     #[test]
     fn mounts_become_bwrap_arguments_with_read_only_tmpfs_last() {

@@ -359,6 +359,18 @@ impl VmProcess {
 
 /// Whether every thread of `pid` shows as stopped (`T`) within `limit`: a vCPU leaves the
 /// guest at the signal, so this takes a moment, not a guest's cooperation.
+/// A snapshot copy's failure as the S-code a caller sees: over `max_snapshot_disk_mb` is a
+/// resource limit (S400), a file the store cannot hold S310, anything else internal.
+#[cfg(target_os = "linux")]
+fn capture_error(error: layer_capture::RunError) -> SandboxError {
+    let message = error.to_string();
+    match error {
+        layer_capture::RunError::OverBudget { .. } => SandboxError::ResourceLimit(message),
+        layer_capture::RunError::Unstorable { .. } => SandboxError::BackendUnsupported(message),
+        _ => SandboxError::Internal(message),
+    }
+}
+
 fn runner_stops_within(pid: u32, limit: Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
@@ -517,7 +529,9 @@ impl Backend for LibkrunBackend {
             .arg(limit_bytes.to_string())
             .env_clear()
             .envs(runner_env());
-        layer_capture::run(copy, limit_bytes).await
+        layer_capture::run(copy, limit_bytes)
+            .await
+            .map_err(capture_error)
     }
 
     fn boot_logs(&self, layer_dir: &Path) -> String {
