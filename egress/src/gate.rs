@@ -34,12 +34,11 @@
 
 use nix::sched::{setns, unshare, CloneFlags};
 
-use crate::dns::Listeners;
+use crate::dns::{Listeners, V6};
 use crate::forward::{self, BusForwarder};
 use crate::netns::{self, DnsProxy, PastaStarter};
 use crate::network::{
-    Link, NetworkSetup, DNS_PROXY_PORT, GATE_IF, LINK_MTU, LINK_PREFIX_V4, LINK_PREFIX_V6,
-    SANDBOX_IF,
+    Link, NetworkSetup, GATE_IF, LINK_MTU, LINK_PREFIX_V4, LINK_PREFIX_V6, SANDBOX_IF,
 };
 use crate::rtnetlink::Rtnetlink;
 
@@ -77,7 +76,13 @@ pub fn connect_gated(
     enable_forwarding(v6)?;
     let inner = nested_namespaces(ids, CloneFlags::CLONE_NEWNET)?;
     link_gate(inner.pid(), v6, &link).map_err(|e| format!("cannot link the gate: {e}"))?;
-    proxy.hand_over(dns_listeners(v6, &link)?)?;
+    let proxy_v6 = if v6 {
+        V6::Required(link.gate_v6())
+    } else {
+        V6::None
+    };
+    // On the gate's addresses, where the gate redirects every query the sandbox sends.
+    proxy.hand_over(Listeners::bind(link.gate_v4(), proxy_v6)?)?;
     netns::attach_pasta(starter, setup, log, nix::unistd::getpid())?;
     let routed_v6 = v6 && netns::has_v6_default_route();
     rules.wait()?;
@@ -195,27 +200,6 @@ fn link_sandbox(v6: bool, link: &Link) -> std::io::Result<()> {
         netlink.add_default_route(link.gate_v6().into(), SANDBOX_IF)?;
     }
     Ok(())
-}
-
-/// The resolver proxy's sockets, on the gate's addresses (where the gate redirects every
-/// query the sandbox sends).
-fn dns_listeners(v6: bool, link: &Link) -> Result<Listeners, String> {
-    let bound = |e: std::io::Error| format!("cannot listen for the sandbox's DNS: {e}");
-    let v4 = link.gate_v4();
-    let mut listeners = Listeners {
-        udp: vec![std::net::UdpSocket::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
-        tcp: vec![std::net::TcpListener::bind((v4, DNS_PROXY_PORT)).map_err(bound)?],
-    };
-    if v6 {
-        let v6 = link.gate_v6();
-        listeners
-            .udp
-            .push(std::net::UdpSocket::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);
-        listeners
-            .tcp
-            .push(std::net::TcpListener::bind((v6, DNS_PROXY_PORT)).map_err(bound)?);
-    }
-    Ok(listeners)
 }
 
 #[cfg(test)]

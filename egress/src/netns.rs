@@ -23,8 +23,8 @@ use nix::sys::socket::{
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{dup2, fork, ForkResult, Pid};
 
-use crate::dns::Listeners;
-use crate::network::{host_elements, NetworkSetup, DNS_PROXY_PORT};
+use crate::dns::{Listeners, V6};
+use crate::network::{host_elements, NetworkSetup};
 
 /// How long pasta gets to configure the namespace.
 const PASTA_READY: Duration = Duration::from_secs(10);
@@ -119,7 +119,11 @@ fn connect_to(
     };
     loopback_up().map_err(|e| format!("cannot bring the sandbox's loopback up: {e}"))?;
     // Bound before the sandbox exists: nothing of its own can take the port first.
-    let listeners = dns_listeners()?;
+    // On the namespace's loopback, IPv6's only where the namespace has it.
+    let listeners = Listeners::bind(
+        std::net::Ipv4Addr::LOCALHOST,
+        V6::IfAvailable(std::net::Ipv6Addr::LOCALHOST),
+    )?;
     load_rules(setup, &host_addrs)?;
     proxy.hand_over(listeners)?;
     attach_pasta(starter, setup, log, pasta_target)
@@ -402,26 +406,6 @@ pub(crate) fn become_helper(socket: OwnedFd, parent: Pid, name: &str) -> Result<
     unsafe { libc::close_range(4, libc::c_uint::MAX, 0) };
     // SAFETY: descriptor 3 is the socket just placed there, owned by nothing else now.
     Ok(unsafe { OwnedFd::from_raw_fd(3) })
-}
-
-/// The proxy's sockets in the sandbox's namespace: udp and tcp on 127.0.0.1 and ::1 (the
-/// latter only where the namespace has IPv6).
-fn dns_listeners() -> Result<Listeners, String> {
-    let v4 = (std::net::Ipv4Addr::LOCALHOST, DNS_PROXY_PORT);
-    let v6 = (std::net::Ipv6Addr::LOCALHOST, DNS_PROXY_PORT);
-    let bound = |e: io::Error| format!("cannot listen for the sandbox's DNS: {e}");
-    let mut listeners = Listeners {
-        udp: vec![std::net::UdpSocket::bind(v4).map_err(bound)?],
-        tcp: vec![std::net::TcpListener::bind(v4).map_err(bound)?],
-    };
-    if let (Ok(udp), Ok(tcp)) = (
-        std::net::UdpSocket::bind(v6),
-        std::net::TcpListener::bind(v6),
-    ) {
-        listeners.udp.push(udp);
-        listeners.tcp.push(tcp);
-    }
-    Ok(listeners)
 }
 
 /// The proxy's side: tied to the launcher's life, detached from the agent's channel, out of

@@ -70,6 +70,46 @@ pub struct Listeners {
     pub tcp: Vec<std::net::TcpListener>,
 }
 
+/// Whether the proxy must also listen on an IPv6 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum V6 {
+    /// The namespace has IPv6: failing to listen there fails the set-up.
+    Required(std::net::Ipv6Addr),
+    /// Where the namespace has IPv6 (a failure leaves the proxy on IPv4 alone).
+    IfAvailable(std::net::Ipv6Addr),
+    None,
+}
+
+impl Listeners {
+    /// The proxy's udp and tcp sockets on `v4` and, as `v6` says, an IPv6 address, all on
+    /// [`crate::network::DNS_PROXY_PORT`].
+    pub fn bind(v4: std::net::Ipv4Addr, v6: V6) -> Result<Listeners, String> {
+        use std::net::{TcpListener, UdpSocket};
+        let port = crate::network::DNS_PROXY_PORT;
+        let bound = |e: std::io::Error| format!("cannot listen for the sandbox's DNS: {e}");
+        let mut listeners = Listeners {
+            udp: vec![UdpSocket::bind((v4, port)).map_err(bound)?],
+            tcp: vec![TcpListener::bind((v4, port)).map_err(bound)?],
+        };
+        let pair = |address| -> std::io::Result<(UdpSocket, TcpListener)> {
+            Ok((
+                UdpSocket::bind((address, port))?,
+                TcpListener::bind((address, port))?,
+            ))
+        };
+        let v6 = match v6 {
+            V6::Required(address) => Some(pair(address).map_err(bound)?),
+            V6::IfAvailable(address) => pair(address).ok(),
+            V6::None => None,
+        };
+        if let Some((udp, tcp)) = v6 {
+            listeners.udp.push(udp);
+            listeners.tcp.push(tcp);
+        }
+        Ok(listeners)
+    }
+}
+
 /// Serves DNS until the process is killed (it dies with its sandbox), asking `upstreams`;
 /// `nft` updates the sets of this process's network namespace (the sandbox's), the host's
 /// from what `watch` hears of the host's addresses (see `host_watch.rs`).
