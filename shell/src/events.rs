@@ -14,6 +14,8 @@ use serde_json::json;
 
 /// The id leaf of the trigger type, after our prefix or the family's.
 pub const LEAF: &str = "event";
+/// The engine's namespace for a worker or binding that names none.
+const DEFAULT_NAMESPACE: &str = "default";
 
 const DESCRIPTION: &str = "Sandbox lifecycle events: created, ready, paused, resumed, stopped \
      {reason}, snapshot_created, forked, port_exposed, port_closed, exec_started, exec_ended, \
@@ -27,6 +29,8 @@ struct Bindings {
     trigger_type: String,
     /// Our functions' prefix: events are never sent to them (the plugin refuses it).
     prefix: String,
+    /// Our namespace (`default` when none): the one the plugin's calls resolve in.
+    namespace: String,
 }
 
 type Answer<'a> = Pin<Box<dyn Future<Output = Result<(), SdkError>> + Send + 'a>>;
@@ -43,6 +47,20 @@ impl TriggerHandler for Bindings {
         Self: 'async_trait,
     {
         Box::pin(async move {
+            // The plugin calls the subscriber's function through our connection, so it
+            // resolves in our namespace: a binding for another one would never be reached.
+            let wanted = config.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+            if wanted != self.namespace {
+                return Err(refusal(plugin_api::ErrorBody::new(
+                    "S001",
+                    "invalid_request",
+                    format!(
+                        "events are delivered to functions in namespace `{}`, the adapter's; \
+                         this binding's function is in `{wanted}`",
+                        self.namespace
+                    ),
+                )));
+            }
             let payload = json!({
                 "id": config.id,
                 "function_id": config.function_id,
@@ -96,11 +114,15 @@ pub fn trigger_types(prefix: &str, family: Option<&str>) -> Vec<String> {
 /// Registers our trigger types on `iii` (each new client needs them; a client that reconnects
 /// registers them again itself).
 pub fn register(iii: &IIIClient, plugin: &PluginInstance, prefix: &str, family: Option<&str>) {
+    let namespace = iii
+        .namespace()
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
     for id in trigger_types(prefix, family) {
         let handler = Bindings {
             plugin: plugin.clone(),
             trigger_type: id.clone(),
             prefix: prefix.to_string(),
+            namespace: namespace.clone(),
         };
         // iii-sdk 0.25 marks trigger types deprecated in favour of observable functions; the
         // engines our users run still bind subscribers through `registertrigger`, which is

@@ -323,18 +323,18 @@ async fn bad_configs_are_refused_and_a_gone_subscriber_is_forgotten() {
         assert!(message.contains("S001"), "{config}: {result}");
     }
     // An event is never made a call to the adapter's own functions (a `created` sent to
-    // `create` would start sandboxes without end), nor the family's or the engine's.
-    for function_id in [
-        format!("{PREFIX}::create"),
-        "sandbox::provider::libkrun::create".to_string(),
-        "engine::workers::register".to_string(),
+    // `create` would start sandboxes without end), nor the family's or the engine's; nor
+    // to a function in a namespace the adapter's calls do not resolve in.
+    for (function_id, namespace) in [
+        (format!("{PREFIX}::create"), "default"),
+        ("sandbox::provider::libkrun::create".to_string(), "default"),
+        ("engine::workers::register".to_string(), "default"),
+        ("raw::on_event".to_string(), "elsewhere"),
     ] {
-        subscriber
-            .send(
-                json!({"type": "registertrigger", "id": function_id, "trigger_type": TRIGGER_TYPE,
-                         "function_id": function_id, "config": {}}),
-            )
-            .expect("send");
+        let binding = json!({"type": "registertrigger", "id": function_id,
+            "trigger_type": TRIGGER_TYPE, "function_id": function_id, "config": {},
+            "namespace": namespace});
+        subscriber.send(binding).expect("send");
         let result = subscriber
             .next_of_type("triggerregistrationresult", ARRIVE_WITHIN)
             .await
