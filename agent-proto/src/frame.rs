@@ -74,11 +74,18 @@ pub enum Kind {
     WatchStop = 25,
     /// JSON [`crate::WatchEnd`], agent to host, always last for a watch.
     WatchEnd = 26,
+    /// JSON [`crate::ExecSignal`], host to agent: signal a running exec's process group.
+    ExecSignal = 27,
+    /// JSON [`crate::ProcRequest`], host to agent: start, list, page or signal background
+    /// processes.
+    ProcRequest = 28,
+    /// JSON [`crate::ProcReply`], agent to host: the answer to a `ProcRequest`.
+    ProcReply = 29,
 }
 
 impl Kind {
     /// Every kind, in wire order (used by tests that pin the set).
-    pub const ALL: [Kind; 26] = [
+    pub const ALL: [Kind; 29] = [
         Kind::Hello,
         Kind::ExecStart,
         Kind::Stdin,
@@ -105,6 +112,9 @@ impl Kind {
         Kind::WatchAck,
         Kind::WatchStop,
         Kind::WatchEnd,
+        Kind::ExecSignal,
+        Kind::ProcRequest,
+        Kind::ProcReply,
     ];
 
     fn from_wire(byte: u8) -> Option<Kind> {

@@ -17,6 +17,9 @@
 //! host to agent (see [`ExecRequest::tty`]). Agents whose `Hello` lists `tcp_stream` relay
 //! TCP streams to the guest's loopback (`TcpConnect`, `TcpData`, ..., see [`tcp`]); agents whose
 //! `Hello` lists `fs_watch` watch paths (`WatchStart`, `WatchEvents`, ..., see [`watch`]).
+//! Agents whose `Hello` lists `exec_signal` take `ExecSignal` on a running exec, and those
+//! listing `processes` keep background processes (`ProcRequest`, `ProcReply`, see
+//! [`process`]).
 
 pub mod error;
 pub mod exec;
@@ -24,6 +27,7 @@ pub mod frame;
 pub mod fs;
 pub mod hello;
 pub mod message;
+pub mod process;
 pub mod tcp;
 pub mod watch;
 
@@ -41,6 +45,10 @@ pub use frame::{Frame, FrameError, FrameHeader, Kind, CHUNK_SIZE, HEADER_LEN, MA
 pub use fs::{FsEntry, FsError, FsErrorCode, FsReply, FsRequest, FsResponse, FS_CALL_TIMEOUT};
 pub use hello::{Hello, PROTOCOL_VERSION};
 pub use message::{Message, MessageError};
+pub use process::{
+    ExecSignal, ProcErrorCode, ProcInfo, ProcReply, ProcRequest, FEATURE_EXEC_SIGNAL,
+    FEATURE_PROCESSES,
+};
 pub use tcp::{TcpConnect, FEATURE_TCP_STREAM, MAX_TCP_STREAMS};
 pub use watch::{
     WatchBatch, WatchEnd, WatchEvent, WatchKind, WatchRequest, FEATURE_FS_WATCH, MAX_WATCHES,

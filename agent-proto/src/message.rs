@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::exec::{ExecExit, ExecRequest, FlowAck, TtySize};
 use crate::frame::{Frame, Kind, FLAG_BODY, FLAG_END};
 use crate::fs::{FsReply, FsRequest};
+use crate::process::{ExecSignal, ProcReply, ProcRequest};
 use crate::tcp::TcpConnect;
 use crate::watch::{WatchBatch, WatchEnd, WatchRequest};
 use crate::{Hello, RequestError};
@@ -57,6 +58,10 @@ pub enum Message {
     WatchAck(FlowAck),
     WatchStop,
     WatchEnd(WatchEnd),
+    /// Signals and background processes (see [`crate::process`]).
+    ExecSignal(ExecSignal),
+    ProcRequest(ProcRequest),
+    ProcReply(ProcReply),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +115,9 @@ impl Message {
             Message::WatchAck(m) => json(id, Kind::WatchAck, &m)?,
             Message::WatchStop => Frame::new(id, Kind::WatchStop, Vec::new()),
             Message::WatchEnd(m) => json(id, Kind::WatchEnd, &m)?,
+            Message::ExecSignal(m) => json(id, Kind::ExecSignal, &m)?,
+            Message::ProcRequest(m) => json(id, Kind::ProcRequest, &m)?,
+            Message::ProcReply(m) => json(id, Kind::ProcReply, &m)?,
         };
         Ok(frame)
     }
@@ -157,6 +165,9 @@ impl Message {
             Kind::WatchAck => Message::WatchAck(parse(&frame)?),
             Kind::WatchStop => empty(frame, Message::WatchStop)?,
             Kind::WatchEnd => Message::WatchEnd(parse(&frame)?),
+            Kind::ExecSignal => Message::ExecSignal(parse(&frame)?),
+            Kind::ProcRequest => Message::ProcRequest(parse(&frame)?),
+            Kind::ProcReply => Message::ProcReply(parse(&frame)?),
         };
         Ok(msg)
     }

@@ -275,7 +275,81 @@ fn samples() -> Vec<(&'static str, Message)> {
                 error: Some(FsError::new(FsErrorCode::NotFound, "/work: gone")),
             }),
         ),
+        (
+            "exec_signal",
+            Message::ExecSignal(ExecSignal { signal: 15 }),
+        ),
+        (
+            "proc_start",
+            Message::ProcRequest(ProcRequest::Start {
+                exec: ExecRequest {
+                    argv: vec!["python3".into(), "-m".into(), "http.server".into()],
+                    env: vec![],
+                    workdir: None,
+                    stdin: false,
+                    timeout_ms: 0,
+                    max_output_bytes: 0,
+                    flow_window: None,
+                    tty: None,
+                },
+            }),
+        ),
+        ("proc_list", Message::ProcRequest(ProcRequest::List)),
+        (
+            "proc_output",
+            Message::ProcRequest(ProcRequest::Output {
+                process_id: 1,
+                since: 10,
+                max_bytes: 524288,
+            }),
+        ),
+        (
+            "proc_kill",
+            Message::ProcRequest(ProcRequest::Kill {
+                process_id: 1,
+                signal: 9,
+            }),
+        ),
+        (
+            "proc_started",
+            Message::ProcReply(ProcReply::Started { info: proc_info() }),
+        ),
+        (
+            "proc_listed",
+            Message::ProcReply(ProcReply::List {
+                processes: vec![proc_info()],
+            }),
+        ),
+        (
+            "proc_output_reply",
+            Message::ProcReply(ProcReply::Output {
+                info: proc_info(),
+                start: 10,
+                next: 12,
+            }),
+        ),
+        (
+            "proc_signalled",
+            Message::ProcReply(ProcReply::Signalled { info: proc_info() }),
+        ),
+        (
+            "proc_refused",
+            Message::ProcReply(ProcReply::Refused {
+                code: ProcErrorCode::TooMany,
+                message: "32 run".into(),
+            }),
+        ),
     ]
+}
+
+fn proc_info() -> ProcInfo {
+    ProcInfo {
+        process_id: 1,
+        pid: 42,
+        running: false,
+        exit_code: Some(143),
+        total_bytes: 12,
+    }
 }
 
 fn fs(request: FsRequest, has_body: bool) -> Message {

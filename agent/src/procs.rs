@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -17,6 +17,8 @@ pub struct ExecControl {
     /// Raw wait status, set by the reaper.
     status: Mutex<Option<libc::c_int>>,
     kill_requested: AtomicBool,
+    /// A signal the host asked for (`ExecSignal`, `process::kill`), not yet sent; 0: none.
+    signal_requested: AtomicI32,
     /// Output cost the host acknowledged (`OutputAck`), for a flow-controlled exec.
     output_acked: AtomicU64,
     wake_read: OwnedFd,
@@ -29,6 +31,7 @@ impl ExecControl {
         Ok(Arc::new(ExecControl {
             status: Mutex::new(None),
             kill_requested: AtomicBool::new(false),
+            signal_requested: AtomicI32::new(0),
             output_acked: AtomicU64::new(0),
             wake_read,
             wake_write,
@@ -39,6 +42,18 @@ impl ExecControl {
     pub fn request_kill(&self) {
         self.kill_requested.store(true, Ordering::SeqCst);
         sys::write_byte(&self.wake_write);
+    }
+
+    /// Asks the exec's thread to send `signal` to its process group (and SIGKILL after the
+    /// grace unless it ends).
+    pub fn request_signal(&self, signal: libc::c_int) {
+        self.signal_requested.store(signal, Ordering::SeqCst);
+        sys::write_byte(&self.wake_write);
+    }
+
+    /// The signal asked for since the last call, if any.
+    pub fn take_signal(&self) -> Option<libc::c_int> {
+        Some(self.signal_requested.swap(0, Ordering::SeqCst)).filter(|s| *s != 0)
     }
 
     /// The host consumed `cost` more of the exec's output: the pump may read on.

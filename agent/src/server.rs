@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use agent_proto::{
     ErrorCode, Frame, FrameError, FsRequest, Hello, Message, RequestError, FEATURE_EXEC_FLOW,
-    FEATURE_EXEC_TTY, FEATURE_TCP_STREAM, PROTOCOL_VERSION,
+    FEATURE_EXEC_SIGNAL, FEATURE_EXEC_TTY, FEATURE_PROCESSES, FEATURE_TCP_STREAM, PROTOCOL_VERSION,
 };
 
+use crate::exec::background::Background;
 use crate::exec::{self, ExecContext, ExecHandle};
 use crate::fs;
 use crate::log::log;
@@ -43,6 +44,8 @@ struct Server {
     streams: Streams,
     /// File watches (`WatchStart`).
     watches: Watches,
+    /// Background processes (`ProcRequest`).
+    background: Background,
 }
 
 pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
@@ -52,6 +55,8 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         FEATURE_EXEC_TTY,
         FEATURE_TCP_STREAM,
         agent_proto::FEATURE_FS_WATCH,
+        FEATURE_EXEC_SIGNAL,
+        FEATURE_PROCESSES,
     ]);
     ctx.outbox.send(0, Message::Hello(hello));
     if let Err(e) = handshake(reader, &ctx) {
@@ -63,6 +68,7 @@ pub fn serve(reader: &mut dyn Read, ctx: ExecContext) -> Ending {
         bodies: HashMap::new(),
         streams: Streams::default(),
         watches: Watches::default(),
+        background: Background::default(),
     };
     loop {
         let frame = match Frame::read_from(reader) {
@@ -138,6 +144,17 @@ impl Server {
                     handle.control.request_kill();
                 }
             }
+            Message::ExecSignal(signal) => {
+                // Only the signals a host may ask for; a signal for an exec that has just
+                // ended is moot.
+                if !agent_proto::process::ALLOWED_SIGNALS.contains(&signal.signal) {
+                    return self.refuse(id, ErrorCode::BadRequest, "signal not allowed".into());
+                }
+                if let Some(handle) = lock(&self.execs).get(&id) {
+                    handle.control.request_signal(signal.signal);
+                }
+            }
+            Message::ProcRequest(request) => self.background.handle(id, request, &self.ctx),
             Message::FsRequest { request, has_body } => {
                 if has_body {
                     self.bodies.insert(id, (request, Vec::new()));
@@ -224,6 +241,7 @@ impl Server {
     fn kill_all(&self) {
         self.streams.close_all();
         self.watches.stop_all();
+        self.background.kill_all();
         for handle in lock(&self.execs).values() {
             handle.control.request_kill();
         }

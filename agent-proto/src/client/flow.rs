@@ -246,6 +246,12 @@ impl FlowHandle {
     pub async fn kill(&self) {
         let _ = self.client.send(Message::ExecKill, self.id).await;
     }
+
+    /// Sends `signal` to the program's process group (SIGKILL follows after the grace, see
+    /// [`crate::process::SIGNAL_GRACE`]); an agent without `exec_signal` kills it at once.
+    pub async fn signal(&self, signal: i32) {
+        self.client.signal_exec(self.id, signal).await;
+    }
 }
 
 impl FlowExit {

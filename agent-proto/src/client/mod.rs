@@ -19,18 +19,22 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::frame::{CHUNK_SIZE, MAX_PAYLOAD};
 use crate::{
-    ExecExit, ExecOutcome, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello, Message,
-    MessageError, RequestError, PROTOCOL_VERSION,
+    ExecExit, ExecOutcome, ExecSignal, ExecSpec, FrameError, FsError, FsRequest, FsResponse, Hello,
+    Message, MessageError, ProcReply, ProcRequest, RequestError, FEATURE_EXEC_SIGNAL,
+    FEATURE_PROCESSES, PROTOCOL_VERSION,
 };
 pub use flow::{FlowExec, FlowExit, FlowHandle};
 pub use tcp::{TcpEvent, TcpReader, TcpWriter};
 pub use fswatch::{WatchItem, WatchStream};
-use waiters::{ExecWaiter, FsWaiter, StreamWaiter, Waiter, Waiters};
+use waiters::{ExecWaiter, FsWaiter, ProcWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.
 const EXEC_GRACE: Duration = Duration::from_secs(10);
 /// How long the client waits for an fs answer: the agent's own deadline, plus the grace.
 const FS_WAIT: Duration = crate::fs::FS_CALL_TIMEOUT.saturating_add(EXEC_GRACE);
+/// How long the client waits for a `ProcReply` (the agent answers from memory, or once a
+/// start has spawned).
+const PROC_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AgentError {
@@ -148,6 +152,16 @@ impl AgentClient {
 
     /// Runs one program in the agent. Many may run at once on one client.
     pub async fn exec(&self, spec: ExecSpec) -> Result<ExecOutcome, AgentError> {
+        self.exec_signalled(spec, None).await
+    }
+
+    /// [`exec`](Self::exec), and each number received on `signals` while it runs is sent
+    /// to the program's process group as a signal (see [`Self::signal_exec`]).
+    pub async fn exec_signalled(
+        &self,
+        spec: ExecSpec,
+        signals: Option<mpsc::UnboundedReceiver<i32>>,
+    ) -> Result<ExecOutcome, AgentError> {
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter::Exec(ExecWaiter {
             stdout: Vec::new(),
@@ -157,7 +171,7 @@ impl AgentClient {
             cap: spec.max_output_bytes,
             reply: tx,
         });
-        self.run_exec(&spec, waiter, rx).await
+        self.run_exec(&spec, waiter, rx, signals).await
     }
 
     /// Runs one program in the agent like [`exec`](Self::exec), but hands its output to
@@ -178,14 +192,15 @@ impl AgentClient {
     ) -> Result<ExecExit, AgentError> {
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter::ExecStream(StreamWaiter { sink, reply: tx });
-        self.run_exec(&spec, waiter, rx).await
+        self.run_exec(&spec, waiter, rx, None).await
     }
 
     async fn run_exec<T>(
         &self,
         spec: &ExecSpec,
         waiter: Waiter,
-        rx: oneshot::Receiver<Result<T, AgentError>>,
+        mut rx: oneshot::Receiver<Result<T, AgentError>>,
+        mut signals: Option<mpsc::UnboundedReceiver<i32>>,
     ) -> Result<T, AgentError> {
         let id = self.next_id();
         self.register(id, waiter)?;
@@ -208,13 +223,15 @@ impl AgentClient {
                 self.send(msg, id).await?;
             }
         }
-        let result = if spec.timeout_ms == 0 {
-            flatten(rx.await)
-        } else {
+        let deadline = (spec.timeout_ms != 0).then(|| {
             let limit = Duration::from_millis(spec.timeout_ms).saturating_add(EXEC_GRACE);
-            match tokio::time::timeout(limit, rx).await {
-                Ok(r) => flatten(r),
-                Err(_) => Err(AgentError::Unresponsive { id }),
+            tokio::time::Instant::now() + limit
+        });
+        let result = loop {
+            tokio::select! {
+                r = &mut rx => break flatten(r),
+                () = sleep_until(deadline) => break Err(AgentError::Unresponsive { id }),
+                signal = next_signal(&mut signals) => self.signal_exec(id, signal).await,
             }
         };
         // Finished (or the connection is gone): nothing left to kill.
@@ -280,6 +297,48 @@ impl AgentClient {
         match tokio::time::timeout(wait, rx).await {
             Ok(r) => flatten(r),
             // The guard forgets the request: a late answer is dropped.
+            Err(_) => Err(AgentError::Unresponsive { id }),
+        }
+    }
+
+    /// Sends `signal` to the process group of exec `id` (the agent follows it with SIGKILL
+    /// after [`crate::process::SIGNAL_GRACE`]). An agent without `exec_signal` gets
+    /// `ExecKill` instead. A failed send means the link is gone, which ends the exec anyway.
+    pub(crate) async fn signal_exec(&self, id: u32, signal: i32) {
+        let msg = if self.supports(FEATURE_EXEC_SIGNAL) {
+            Message::ExecSignal(ExecSignal { signal })
+        } else {
+            Message::ExecKill
+        };
+        let _ = self.send(msg, id).await;
+    }
+
+    /// One background-process request (see [`crate::process`]): the agent's answer, and
+    /// for `Output` the bytes that came with it (at most
+    /// [`crate::process::MAX_OUTPUT_PAGE`], more is dropped here).
+    pub async fn process(&self, request: ProcRequest) -> Result<(ProcReply, Vec<u8>), AgentError> {
+        if !self.supports(FEATURE_PROCESSES) {
+            return Err(AgentError::Unsupported(format!(
+                "the agent does not support {FEATURE_PROCESSES} (it predates background processes)"
+            )));
+        }
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        self.register(
+            id,
+            Waiter::Proc(ProcWaiter {
+                data: Vec::new(),
+                reply: tx,
+            }),
+        )?;
+        let _guard = InFlight {
+            client: self,
+            id,
+            kill_on_drop: false,
+        };
+        self.send(Message::ProcRequest(request), id).await?;
+        match tokio::time::timeout(PROC_WAIT, rx).await {
+            Ok(r) => flatten(r),
             Err(_) => Err(AgentError::Unresponsive { id }),
         }
     }
@@ -409,6 +468,25 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, inner: std::sync::Weak<I
     if let Some(inner) = inner.upgrade() {
         inner.close(&reason);
     }
+}
+
+/// Sleeps until `deadline`; for ever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next signal asked for; pends for ever once there is no sender (or none was given).
+async fn next_signal(signals: &mut Option<mpsc::UnboundedReceiver<i32>>) -> i32 {
+    if let Some(rx) = signals.as_mut() {
+        if let Some(signal) = rx.recv().await {
+            return signal;
+        }
+        *signals = None;
+    }
+    std::future::pending().await
 }
 
 fn flatten<T>(

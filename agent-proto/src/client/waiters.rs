@@ -11,7 +11,8 @@ use crate::client::flow::FlowState;
 use crate::client::tcp::TcpEvent;
 use crate::client::fswatch::WatchWaiter;
 use crate::client::{AgentError, OutputChunk};
-use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message};
+use crate::process::MAX_OUTPUT_PAGE;
+use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message, ProcReply};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, AgentError>>;
 
@@ -55,7 +56,14 @@ pub(crate) struct TcpWaiter {
     pub agent_closed: Arc<AtomicBool>,
 }
 
+/// A background-process request: the `Data` bytes of an `Output`, then the `ProcReply`.
+pub(crate) struct ProcWaiter {
+    pub data: Vec<u8>,
+    pub reply: Reply<(ProcReply, Vec<u8>)>,
+}
+
 pub(crate) enum Waiter {
+    Proc(ProcWaiter),
     Tcp(TcpWaiter),
     Exec(ExecWaiter),
     ExecStream(StreamWaiter),
@@ -90,6 +98,7 @@ impl Waiter {
                 drop(w.reply.send(Err(err)));
             }
             Waiter::Fs(w) => drop(w.reply.send(Err(err))),
+            Waiter::Proc(w) => drop(w.reply.send(Err(err))),
             Waiter::Shutdown(tx) => drop(tx.send(Err(err))),
             Waiter::Watch(w) => w.fail(err),
             // Dropping the sink ends the stream for its reader.
@@ -210,6 +219,15 @@ impl Waiters {
                         FsReply::Err(e) => Err(AgentError::Fs(e)),
                     };
                     drop(w.reply.send(result));
+                }
+            }
+            (Waiter::Proc(w), Message::Data { data, .. }) => {
+                let mut over = false;
+                append_capped(&mut w.data, &data, MAX_OUTPUT_PAGE as usize, &mut over);
+            }
+            (Waiter::Proc(_), Message::ProcReply(reply)) => {
+                if let Some(Waiter::Proc(w)) = self.map.remove(&id) {
+                    drop(w.reply.send(Ok((reply, w.data))));
                 }
             }
             (Waiter::Tcp(w), Message::TcpConnected) => {

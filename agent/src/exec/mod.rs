@@ -1,6 +1,7 @@
 //! One exec: a thread that spawns the program, feeds its stdin, drains its output and
 //! sends `ExecExit` last, only once both streams are closed (or abandoned at a deadline).
 
+pub mod background;
 mod launch;
 mod pty;
 mod pump;

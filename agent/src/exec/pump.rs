@@ -6,6 +6,7 @@ use std::os::fd::AsRawFd;
 use std::process::{ChildStderr, ChildStdout};
 use std::time::{Duration, Instant};
 
+use agent_proto::process::SIGNAL_GRACE;
 use agent_proto::{flow_cost, Message, CHUNK_SIZE, FLOW_CHUNK_OVERHEAD};
 
 use crate::outbox::Outbox;
@@ -130,6 +131,9 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: Option<ChildStderr
     let mut status = None;
     let (mut timed_out, mut killed) = (false, false);
     let mut give_up_at: Option<Instant> = None;
+    // SIGKILL due after a host's signal other than SIGKILL, unless the program ends first.
+    let mut escalate_at: Option<Instant> = None;
+    let mut signalled = false;
     let mut sent_cost = 0u64;
     loop {
         status = status.or_else(|| args.control.status());
@@ -138,7 +142,16 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: Option<ChildStderr
         }
         let now = Instant::now();
         if give_up_at.is_none() {
-            if args.control.kill_requested() {
+            if let Some(signal) = args.control.take_signal() {
+                signalled = true;
+                sys::kill_group(args.pgid, signal);
+                if signal != libc::SIGKILL {
+                    escalate_at = escalate_at.or(Some(now + SIGNAL_GRACE));
+                } else {
+                    args.control.request_kill();
+                }
+            }
+            if args.control.kill_requested() || escalate_at.is_some_and(|e| now >= e) {
                 killed = true;
             } else if args.deadline.is_some_and(|d| now >= d) {
                 timed_out = true;
@@ -151,7 +164,10 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: Option<ChildStderr
         if give_up_at.is_some_and(|g| now >= g) {
             break;
         }
-        let wait_until = give_up_at.or(args.deadline);
+        let wait_until = give_up_at.or(match (escalate_at, args.deadline) {
+            (Some(e), Some(d)) => Some(e.min(d)),
+            (e, d) => e.or(d),
+        });
         let timeout_ms = wait_until.map_or(-1, |t| {
             let left = t.saturating_duration_since(now).as_millis();
             (left.min(i32::MAX as u128) as i32).max(1)
@@ -217,7 +233,7 @@ pub fn drain(args: PumpArgs<'_>, stdout: ChildStdout, stderr: Option<ChildStderr
     Drained {
         status: status.or_else(|| args.control.status()),
         timed_out,
-        killed,
+        killed: killed || signalled,
         out: out.tally,
         err: err.tally,
     }
