@@ -48,7 +48,7 @@ async def main():
                 streamed_for = time.monotonic() - first_line_at
                 print(f"exit code {event['exit']['exit_code']}; the first line came "
                       f"{'well before' if streamed_for > 1.0 else 'only at'} the end")
-            elif event["stream"] == "stdout":
+            elif event.get("stream") == "stdout":
                 text += base64.b64decode(event["data_b64"]).decode()
                 while "\n" in text:
                     complete, text = text.split("\n", 1)

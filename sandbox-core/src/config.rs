@@ -80,6 +80,10 @@ pub struct Config {
     /// The host address exposed ports (`port::expose`) listen on: loopback by default, or
     /// one of the host's own addresses, never the unspecified one (every interface).
     pub expose_address: IpAddr,
+    /// A running background process (`exec {background: true}`) keeps its sandbox from its
+    /// idle timeout; false (the default): only calls do, and the idle timeout ends the
+    /// sandbox and its background processes.
+    pub background_keeps_alive: bool,
 }
 
 /// `max_snapshot_disk_mb` when the configuration names none: 10 GiB.
@@ -125,6 +129,7 @@ impl Default for Config {
             max_paused_secs: DEFAULT_MAX_PAUSED_SECS,
             max_snapshot_disk_mb: DEFAULT_MAX_SNAPSHOT_DISK_MB,
             expose_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            background_keeps_alive: false,
         }
     }
 }
@@ -188,6 +193,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "max_paused_secs",
     "max_snapshot_disk_mb",
     "expose_address",
+    "background_keeps_alive",
     crate::bus::ACCESS_KEY,
     crate::bus::CALL_KEY,
     crate::bus::REGISTER_KEY,
@@ -309,6 +315,7 @@ impl Config {
 
         keys.read("max_snapshot_disk_mb", &mut config.max_snapshot_disk_mb)?;
         keys.read("expose_address", &mut config.expose_address)?;
+        keys.read("background_keeps_alive", &mut config.background_keeps_alive)?;
         check_expose_address(config.expose_address).map_err(|reason| ConfigError::WrongType {
             key: "expose_address".into(),
             reason,

@@ -34,6 +34,22 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             exec_response(false),
         ),
         function(
+            "exec::cancel",
+            "End a running exec by its exec_id (from list's running_execs or a streamed exec's first line): its process group gets the signal (default SIGTERM, SIGKILL 2 s later), and the exec answers cancelled: true",
+            object(
+                &["sandbox_id", "exec_id"],
+                json!({
+                    "sandbox_id": uuid_schema(),
+                    "exec_id": uuid_schema(),
+                    "signal": crate::ops::cancel::signal_schema(),
+                }),
+            ),
+            object(
+                &["sandbox_id", "exec_id", "cancelled"],
+                json!({"sandbox_id": uuid_schema(), "exec_id": uuid_schema(), "cancelled": {"type": "boolean"}}),
+            ),
+        ),
+        function(
             "stop",
             "Stop a sandbox (idempotent)",
             stop_request(),
@@ -133,6 +149,11 @@ pub fn manifest(adapter: &str, adapter_version: &str) -> Manifest {
             .map(|(id, description, request, response)| {
                 function(id, description, request, response)
             }),
+    );
+    functions.extend(
+        crate::ops::process::schema::specs().into_iter().map(
+            |(id, description, request, response)| function(id, description, request, response),
+        ),
     );
     functions.extend(crate::ops::worker::schema::specs().into_iter().map(
         |(op, description, request, response)| FunctionSpec {
@@ -259,6 +280,7 @@ fn exec_request() -> Value {
             "stream": crate::ops::stream::schema("write"),
             "stdin_stream": crate::ops::stream::schema("read"),
             "tty": crate::ops::stream::tty_schema(),
+            "background": {"type": "boolean", "default": false, "description": "Start it as a background process and answer {process_id, pid} at once (see process::*); no stdin, stream or tty"},
         }),
     )
 }
@@ -273,6 +295,8 @@ fn exec_response(with_sandbox_id: bool) -> Value {
         "success": {"type": "boolean"},
         "stdout_truncated": {"type": "boolean"},
         "stderr_truncated": {"type": "boolean"},
+        "exec_id": {"type": "string", "format": "uuid", "description": "The exec's id (exec::cancel)"},
+        "cancelled": {"type": "boolean", "description": "exec::cancel ended it"},
     });
     if with_sandbox_id {
         properties["sandbox_id"] = json!({"type": "string", "format": "uuid", "description": "Present when keep_sandbox was true"});
@@ -324,6 +348,11 @@ fn list_response() -> Value {
                     "stopped": {"type": "boolean"},
                     "paused": {"type": "boolean", "description": "its processes are frozen (`pause`) until a `resume`, `exec` or `fs::*` call"},
                     "bus_functions": {"type": ["integer", "null"], "minimum": 0, "description": "functions the sandbox serves on the bus through the bus guard; null without a guard endpoint"},
+                    "running_execs": {"type": "array", "items": object(&["exec_id", "argv0", "started_at"], json!({
+                        "exec_id": uuid_schema(),
+                        "argv0": {"type": "string"},
+                        "started_at": {"type": "string", "format": "date-time"},
+                    }))},
                 }),
             )},
             "in_flight": count, "cap": count, "remaining": count, "reconciled": count,

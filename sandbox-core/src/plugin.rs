@@ -160,6 +160,7 @@ impl<B: Backend> SandboxPlugin<B> {
             "catalog::list" => Ok(ops::catalog::list(&self)),
             "create" => ops::create::create(&self, payload).await,
             "exec" => ops::exec::exec(&self, payload).await,
+            "exec::cancel" => ops::cancel::cancel(&self, payload).await,
             "stop" => ops::stop::stop(&self, payload).await,
             "list" => Ok(ops::list::list(&self)),
             "metrics" => ops::metrics::metrics(&self, payload),
@@ -173,6 +174,9 @@ impl<B: Backend> SandboxPlugin<B> {
             // From the shell's event trigger types only: no bus function leads here.
             "events::subscribe" => self.events.subscribe(payload),
             "events::unsubscribe" => self.events.unsubscribe(payload),
+            f if f.starts_with("process::") => {
+                ops::process::dispatch(&self, &f[9..], payload).await
+            }
             f if f.starts_with("port::") => ops::expose::dispatch(&self, &f[6..], payload).await,
             f if f.starts_with("fs::") => ops::fs::dispatch(&self, &f[4..], payload).await,
             f if f.starts_with("worker::") => ops::worker::dispatch(&self, &f[8..], payload).await,

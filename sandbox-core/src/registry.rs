@@ -49,6 +49,10 @@ pub struct Sandbox {
     transition: tokio::sync::Mutex<()>,
     /// Its exposed ports (`port::expose`): closed by `pause` (see `ops::pause`) and stop.
     pub exposures: crate::ops::expose::Exposures,
+    /// Its running execs, by `exec_id` (`exec::cancel`, `list`).
+    pub execs: crate::ops::cancel::RunningExecs,
+    /// What the adapter knows of its background processes (`ops::process`).
+    pub processes: crate::ops::process::Processes,
 }
 
 /// Held while an exec or fs call runs: the reaper leaves the sandbox alone meanwhile.
@@ -101,6 +105,8 @@ impl Sandbox {
             paused_since: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
             exposures: crate::ops::expose::Exposures::default(),
+            execs: Default::default(),
+            processes: Default::default(),
         }
     }
 

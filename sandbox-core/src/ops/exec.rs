@@ -37,6 +37,9 @@ struct ExecRequest {
     stdin_stream: Option<Value>,
     /// `{rows, cols}`: run on a pseudo-terminal (with both channels; see `ops::stream`).
     tty: Option<Value>,
+    /// Start it as a background process and answer at once (see `ops::process`).
+    #[serde(default)]
+    background: bool,
 }
 
 /// One program to run; shared by `exec` and `run`.
@@ -68,6 +71,9 @@ pub async fn exec<B: Backend>(
         workdir: request.workdir,
         streams: streams(request.stream, request.stdin_stream, has_stdin, request.tty)?,
     };
+    if request.background {
+        return background(plugin, id, input).await;
+    }
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
     crate::ops::pause::wake(&sandbox).await?;
     plugin
@@ -76,12 +82,35 @@ pub async fn exec<B: Backend>(
         .await
 }
 
-/// Runs `input` in `sandbox`; the caller holds the sandbox's exec slot.
-pub async fn run_in<B: Backend>(
+/// `exec {background: true}`: starts the program as a background process of the sandbox and
+/// answers `{process_id, pid, ...}` at once. It takes no exec slot and has no timeout; no
+/// `stdin`, `stream`, `stdin_stream` or `tty` (S001): its output is kept for
+/// `process::output`.
+async fn background<B: Backend>(
+    plugin: &Arc<SandboxPlugin<B>>,
+    id: uuid::Uuid,
+    input: ExecInput,
+) -> Result<Value, SandboxError> {
+    if !input.stdin.is_empty() || input.streams.any() {
+        return Err(SandboxError::InvalidRequest(
+            "a `background` exec takes no `stdin`, `stream`, `stdin_stream` or `tty`: read its \
+             output with process::output"
+                .into(),
+        ));
+    }
+    let (sandbox, _call) = plugin.registry.begin_call(id)?;
+    crate::ops::pause::wake(&sandbox).await?;
+    let (mut spec, _) = spec_for(plugin, &sandbox, input)?;
+    spec.timeout_ms = 0;
+    crate::ops::process::start(&sandbox, spec).await
+}
+
+/// The agent's spec for `input` in `sandbox`, and its timeout.
+fn spec_for<B: Backend>(
     plugin: &SandboxPlugin<B>,
     sandbox: &Sandbox,
     input: ExecInput,
-) -> Result<Value, SandboxError> {
+) -> Result<(ExecSpec, StreamRefs), SandboxError> {
     let timeout_ms = clamp_timeout(input.timeout_ms, plugin.config.max_exec_timeout_ms)?;
     if let Some(workdir) = &input.workdir {
         crate::request::guest_path("workdir", workdir)?;
@@ -97,7 +126,27 @@ pub async fn run_in<B: Backend>(
         max_output_bytes: OUTPUT_CAP,
         tty: None,
     };
-    if input.streams.any() {
+    Ok((spec, input.streams))
+}
+
+/// Runs `input` in `sandbox`; the caller holds the sandbox's exec slot. The exec is known by
+/// its `exec_id` while it runs (`list`, `exec::cancel`); its answer says whether a cancel
+/// ended it (`cancelled`).
+pub async fn run_in<B: Backend>(
+    plugin: &SandboxPlugin<B>,
+    sandbox: &Sandbox,
+    input: ExecInput,
+) -> Result<Value, SandboxError> {
+    let (spec, streams) = spec_for(plugin, sandbox, input)?;
+    let timeout_ms = spec.timeout_ms;
+    let argv0 = spec.argv.first().map_or("", String::as_str);
+    let (ticket, signals) = sandbox.execs.register(argv0);
+    let marked = |mut result: Value| {
+        result["exec_id"] = ticket.id.to_string().into();
+        result["cancelled"] = ticket.cancelled().into();
+        result
+    };
+    if streams.any() {
         let engine_url = plugin.host.engine_url().ok_or_else(|| {
             SandboxError::Unsupported(
                 "`stream` and `stdin_stream` need the engine connection of the shell, and \
@@ -105,16 +154,26 @@ pub async fn run_in<B: Backend>(
                     .into(),
             )
         })?;
-        return stream::run(&engine_url, sandbox, spec, input.streams).await;
+        return match stream::run(&engine_url, sandbox, spec, streams, &ticket, signals).await {
+            Ok(result) => Ok(marked(result)),
+            Err(SandboxError::ExecTimedOut {
+                timeout_ms,
+                partial,
+            }) => Err(SandboxError::ExecTimedOut {
+                timeout_ms,
+                partial: marked(partial),
+            }),
+            Err(e) => Err(e),
+        };
     }
-    let outcome = match sandbox.agent.exec(spec).await {
+    let outcome = match sandbox.agent.exec_signalled(spec, Some(signals)).await {
         Ok(outcome) => outcome,
         Err(e) => return Err(agent_failure(sandbox, e).await),
     };
     if let Some(stopped) = ended_by_stop(sandbox, outcome.exit_code).await {
         return Err(stopped);
     }
-    let result = result_json(&outcome);
+    let result = marked(result_json(&outcome));
     if outcome.timed_out {
         return Err(SandboxError::ExecTimedOut {
             timeout_ms,
@@ -205,10 +264,9 @@ pub async fn agent_failure(sandbox: &Sandbox, error: AgentError) -> SandboxError
         }
         // What the sandbox's host side wrote last says why, if anything does (a guest that
         // panicked, a runner that lost its VM).
-        unresponsive @ AgentError::Unresponsive { .. } => SandboxError::Internal(format!(
-            "{unresponsive}{}",
-            sandbox.process.last_words()
-        )),
+        unresponsive @ AgentError::Unresponsive { .. } => {
+            SandboxError::Internal(format!("{unresponsive}{}", sandbox.process.last_words()))
+        }
         other => SandboxError::Internal(other.to_string()),
     }
 }

@@ -3,7 +3,8 @@
 //! they hold no slot), and the adapter-wide slots. Warm-pool sandboxes are not listed: they
 //! are nobody's yet; `pooled` counts the slots they hold, which yield to a create, so
 //! `remaining` leaves them out. `paused` says whether a sandbox's processes are frozen
-//! (`pause`), `exposed_ports` its open `port::expose` URLs.
+//! (`pause`), `exposed_ports` its open `port::expose` URLs, `running_execs` its execs in
+//! flight (`exec_id`, `argv0`, `started_at`: what `exec::cancel` needs, nothing more).
 
 use std::time::SystemTime;
 
@@ -31,6 +32,7 @@ pub fn list<B: Backend>(plugin: &SandboxPlugin<B>) -> Value {
                 "paused": s.is_paused(),
                 "bus_functions": plugin.buses.functions(s.id),
                 "exposed_ports": s.exposures.listing(),
+                "running_execs": s.execs.listing(),
             })
         })
         .chain(dead.into_iter().map(|dead| {

@@ -1,5 +1,6 @@
 //! One module per operation of SPEC.md section 2, and `worker` for section 6.
 
+pub mod cancel;
 pub mod catalog;
 pub mod create;
 pub mod exec;
@@ -9,6 +10,7 @@ pub mod info;
 pub mod list;
 pub mod metrics;
 pub mod pause;
+pub mod process;
 pub mod run;
 pub mod snapshot;
 pub mod stop;

@@ -20,10 +20,11 @@ use base64::Engine as _;
 use iii_sdk::channel::{ChannelReader, ChannelWriter, StreamChannelRef};
 use serde_json::{json, Value};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::error::{FsCode, SandboxError};
+use crate::ops::cancel::ExecTicket;
 use crate::ops::exec::{agent_failure, ended_by_stop, result_json, OUTPUT_CAP};
 use crate::registry::Sandbox;
 
@@ -249,12 +250,16 @@ struct Broken {
     after_end: bool,
 }
 
-/// Runs `spec` in `sandbox` with the caller's channels; the caller holds the exec slot.
+/// Runs `spec` in `sandbox` with the caller's channels; the caller holds the exec slot. The
+/// stream's first line is `{"exec_id": ...}` (for `exec::cancel`); each signal received on
+/// `signals` goes to the program's process group.
 pub async fn run(
     engine_url: &str,
     sandbox: &Sandbox,
     mut spec: ExecSpec,
     refs: StreamRefs,
+    ticket: &ExecTicket<'_>,
+    mut signals: mpsc::UnboundedReceiver<i32>,
 ) -> Result<Value, SandboxError> {
     let writer = refs
         .output
@@ -266,6 +271,15 @@ pub async fn run(
             .write(&[])
             .await
             .map_err(|e| aborted(format!("cannot open the `stream` channel: {e}"), None))?;
+        let mut first =
+            serde_json::to_vec(&json!({"exec_id": ticket.id.to_string()})).unwrap_or_default();
+        first.push(b'\n');
+        writer.write(&first).await.map_err(|e| {
+            aborted(
+                format!("writing into the `stream` channel failed: {e}"),
+                None,
+            )
+        })?;
     }
     // The stream carries everything; the reply's copies are cut here.
     spec.max_output_bytes = usize::MAX;
@@ -297,6 +311,12 @@ pub async fn run(
             refs.tty,
         ))
     });
+    let signaller = flow.handle.clone();
+    let _signaller = AbortOnDrop(Some(tokio::spawn(async move {
+        while let Some(signal) = signals.recv().await {
+            signaller.signal(signal).await;
+        }
+    })));
     let handle = flow.handle.clone();
     let mut output = flow.output;
     let pump = async {
@@ -365,6 +385,8 @@ pub async fn run(
             // program was being killed), not the reply's 1 MiB cut.
             fields.insert("stdout_truncated".into(), exit.stdout_truncated.into());
             fields.insert("stderr_truncated".into(), exit.stderr_truncated.into());
+            fields.insert("exec_id".into(), ticket.id.to_string().into());
+            fields.insert("cancelled".into(), ticket.cancelled().into());
         }
         let closed = match write_line(writer, &json!({ "exit": last }), &mut ended).await {
             Ok(()) => writer.close().await.map_err(|e| e.to_string()),

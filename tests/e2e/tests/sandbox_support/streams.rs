@@ -35,9 +35,11 @@ pub enum Line {
 }
 
 /// Reads the stream's NDJSON (lines may span channel frames), one [`Line`] at a time.
+/// The first line, `{"exec_id": ..}`, is kept in `exec_id` rather than returned.
 pub struct LineReader {
     reader: ChannelReader,
     pending: Vec<u8>,
+    pub exec_id: Option<String>,
 }
 
 impl LineReader {
@@ -45,6 +47,7 @@ impl LineReader {
         LineReader {
             reader: ChannelReader::new(&stack.engine.url(), &channel_ref(read_end)),
             pending: Vec::new(),
+            exec_id: None,
         }
     }
 
@@ -53,7 +56,12 @@ impl LineReader {
         loop {
             if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=at).collect();
-                return Some(decode(&line[..line.len() - 1]));
+                let line = &line[..line.len() - 1];
+                if let Some(id) = exec_id_line(line) {
+                    self.exec_id = Some(id);
+                    continue;
+                }
+                return Some(decode(line));
             }
             let frame = tokio::time::timeout(Duration::from_secs(60), self.reader.next_binary())
                 .await
@@ -68,6 +76,12 @@ impl LineReader {
             }
         }
     }
+}
+
+/// The exec's id, when `line` is the stream's first line `{"exec_id": ..}`.
+pub fn exec_id_line(line: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(line).ok()?;
+    Some(value.get("exec_id")?.as_str()?.to_string())
 }
 
 fn decode(line: &[u8]) -> Line {
