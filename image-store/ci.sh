@@ -8,5 +8,5 @@ bash "$here/../tests/fixtures/install.sh"
 cd "$here/.."
 cargo test -p image-store
 if [ "${IMAGE_BENCH:-0}" = 1 ]; then
-  cargo run -q -p image-store --release --bin image-bench -- --runs 3
+  cargo run -q -p image-store --features cli --release --bin image-bench -- --runs 3
 fi

@@ -70,7 +70,7 @@ fi
 
 # One package set per command: a --bin would narrow all of them to that binary.
 cargo build --release -p sandbox-libkrun -p plugin-bwrap >&2
-cargo build --release -p image-store --bin image-bench >&2
+cargo build --release -p image-store --features cli --bin image-bench >&2
 cargo build --release -p e2e-tests --bin sandbox-bench >&2
 SANDBOX_AGENT_PATH=$(sh agent/build-static.sh)
 export SANDBOX_AGENT_PATH

@@ -12,7 +12,7 @@ out=${1:-$root/dist}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 cargo build --manifest-path "$root/Cargo.toml" $flag \
   -p sandbox-libkrun -p plugin-libkrun -p plugin-bwrap -p vm-runner -p image-store \
-  -p iii-test-engine -p sandbox-examples >&2
+  -p iii-test-engine -p sandbox-examples --features image-store/cli >&2
 agent=$(sh "$root/agent/build-static.sh")
 mkdir -p "$out"
 for f in sandbox-libkrun libplugin_libkrun.so libplugin_bwrap.so sandbox-bwrap-launch sandbox-libkrun-vm \
