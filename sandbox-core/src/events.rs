@@ -73,7 +73,7 @@ pub enum StopReason {
     Idle,
     /// Its agent went away (`cause` says how).
     AgentLost,
-    /// The adapter is shutting down.
+    /// The adapter is shutting down (emitted, though the shell's connection is closed by then).
     AdapterShutdown,
     /// Paused for `max_paused_secs`.
     MaxPaused,
@@ -263,7 +263,7 @@ struct FilterConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Filter {
-    /// Indexes into [`KINDS`]; `None` is every kind.
+    /// Entries of [`KINDS`]; `None` is every kind.
     kinds: Option<Vec<&'static str>>,
     sandbox_id: Option<Uuid>,
 }
