@@ -322,74 +322,14 @@ fn read_last_cap() -> Result<u32, ConfineError> {
     Ok(n)
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
 /// Drops every capability outside KEEP from the bounding set (so no exec can regain it),
-/// clears the ambient set and sets effective = permitted = KEEP. Inheritable is left
-/// empty, as Docker does since CVE-2022-24769: root's execs get the bounding set anyway,
-/// and a non-root program must not pick capabilities up from file inheritable bits.
-/// Returns how many capabilities were dropped.
+/// clears the ambient set and sets effective = permitted = KEEP, inheritable empty (see
+/// `seccomp_policy::capabilities`). Returns how many capabilities were dropped.
 fn drop_capabilities(last_cap: u32) -> Result<u32, ConfineError> {
-    let mut dropped = 0;
-    for cap in (0..=last_cap).filter(|c| !KEEP.contains(c)) {
-        // SAFETY: PR_CAPBSET_DROP takes one integer argument, a valid capability number.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if rc != 0 {
-            return Err(sys_err(format!(
-                "drop capability {cap} from the bounding set"
-            ))(io::Error::last_os_error()));
-        }
-        dropped += 1;
-    }
-    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
-    let rc = unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(sys_err("clear the ambient capabilities")(
-            io::Error::last_os_error(),
-        ));
-    }
-    let keep = KEEP.iter().fold(0u32, |mask, cap| mask | (1 << cap));
-    let header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [
-        CapData {
-            effective: keep,
-            permitted: keep,
-            inheritable: 0,
-        },
-        CapData::default(),
-    ];
-    // SAFETY: version 3 reads one header and two data structs, both valid for the call
-    // and laid out as the kernel's (repr(C), three u32s each).
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
-    if rc != 0 {
-        return Err(sys_err("capset")(io::Error::last_os_error()));
-    }
-    Ok(dropped)
+    seccomp_policy::capabilities::keep_only(&KEEP, last_cap).map_err(|e| ConfineError::Sys {
+        what: e.step,
+        source: e.source,
+    })
 }
 
 // ---- 4. seccomp ----

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+pub mod capabilities;
 pub mod pasta;
 pub mod vmm;
 
