@@ -23,11 +23,13 @@ use crate::fs::FsError;
 pub const FEATURE_FS_WATCH: &str = "fs_watch";
 
 /// Watches one agent keeps at once; one more is refused (`Busy`). Each holds one inotify
-/// instance and one thread of the sandbox.
-pub const MAX_WATCHES: usize = 8;
+/// instance and one thread of the sandbox: four leave most of the smallest per-sandbox share
+/// the bwrap backend gives (9 instances, for an ordinary user's sandboxes) to programs.
+pub const MAX_WATCHES: usize = 4;
 
-/// Directories one recursive watch may hold (an inotify watch each) at most; the agent
-/// lowers it to fit the sandbox's inotify share (see [`WatchRequest::max_dirs`]).
+/// Directories (an inotify watch each) the watches of one agent hold together at most, and
+/// one watch at most (see [`WatchRequest::max_dirs`]); past it a watch sends
+/// [`WatchKind::Limit`] (a watch that cannot hold even its own path is refused, S216).
 pub const MAX_WATCH_DIRS: u32 = 8192;
 
 /// Batches the agent sends ahead of the host's `WatchAck`s.

@@ -9,9 +9,13 @@
 //! watches are added through the descriptor so opened (`/proc/self/fd/N`), never by a path a
 //! guest could swap meanwhile. A link to a directory reports as a file and is never entered.
 //!
-//! Budget: the watches of one agent together take at most half the sandbox's inotify
-//! instances and half its inotify watches (the namespace's limits the host set, see
-//! `/proc/sys/user/max_inotify_*`); the other half stays with the sandbox's programs.
+//! Budget: the watches of one agent together hold at most [`MAX_WATCHES`] inotify instances and
+//! [`MAX_WATCH_DIRS`] inotify watches (one pool of directories for all of them), less where
+//! the agent's own namespace states smaller limits (a VM's: then half of them). On bwrap the
+//! agent's namespace states none (a nested one reads `INT_MAX`): the sandbox's share is the
+//! launcher's, one level up (9 instances and 14,440 watches for an ordinary user's sandboxes
+//! here), which the kernel enforces on the agent as on every program, and which these caps
+//! leave the larger part of to the sandbox's programs.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CString, OsStr};
@@ -19,6 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -62,6 +67,8 @@ const MASK: u32 = libc::IN_CREATE
 #[derive(Clone, Default)]
 pub struct Watches {
     map: Arc<Mutex<HashMap<u32, Arc<Control>>>>,
+    /// Directories (inotify watches) all watches hold now.
+    pool: Arc<AtomicU32>,
 }
 
 /// What the reader loop shares with a watch's thread.
@@ -95,7 +102,7 @@ impl Control {
     }
 }
 
-/// The sandbox's share for watches: (watches at once, inotify watches per watch).
+/// The sandbox's share for watches: (watches at once, inotify watches of all of them).
 fn budget() -> (usize, u32) {
     static BUDGET: OnceLock<(usize, u32)> = OnceLock::new();
     *BUDGET.get_or_init(|| {
@@ -110,7 +117,7 @@ fn budget() -> (usize, u32) {
             .map(|n| (n / 2).clamp(1, MAX_WATCHES as u64) as usize)
             .unwrap_or(MAX_WATCHES);
         let dirs = read("max_inotify_watches")
-            .map(|n| (n / 2 / instances as u64).clamp(1, u64::from(MAX_WATCH_DIRS)) as u32)
+            .map(|n| (n / 2).clamp(1, u64::from(MAX_WATCH_DIRS)) as u32)
             .unwrap_or(MAX_WATCH_DIRS);
         (instances, dirs)
     })
@@ -152,6 +159,10 @@ impl Watches {
             }),
             wake,
         });
+        let pool = Pool {
+            used: self.pool.clone(),
+            most: dirs,
+        };
         let max_dirs = request.max_dirs.clamp(1, dirs);
         let (watches, thread_control, thread_outbox) =
             (self.clone(), control.clone(), outbox.clone());
@@ -159,7 +170,14 @@ impl Watches {
             .name(format!("watch-{id}"))
             .stack_size(THREAD_STACK)
             .spawn(move || {
-                let end = run(id, &request, max_dirs, &thread_control, &thread_outbox);
+                let end = run(
+                    id,
+                    &request,
+                    max_dirs,
+                    pool,
+                    &thread_control,
+                    &thread_outbox,
+                );
                 let mut map = watches.lock();
                 if map
                     .get(&id)
@@ -223,10 +241,11 @@ fn run(
     id: u32,
     request: &WatchRequest,
     max_dirs: u32,
+    pool: Pool,
     control: &Control,
     outbox: &Outbox,
 ) -> WatchEnd {
-    let error = match Watcher::open(request, max_dirs) {
+    let error = match Watcher::open(request, max_dirs, pool) {
         Ok(mut watcher) => {
             let ready = WatchBatch {
                 events: Vec::new(),
@@ -250,10 +269,14 @@ struct Watched {
 
 struct Watcher {
     inotify: OwnedFd,
-    /// The watched directory, to open new subdirectories from (none for a file).
-    root: Option<Dir>,
+    /// The watched directory, to open new subdirectories from (none for a file). Not held
+    /// open: an open descriptor would keep a deleted directory's inode, and so its
+    /// `IN_DELETE_SELF`, from the watch.
+    root: Option<Root>,
     recursive: bool,
     max_dirs: u32,
+    /// The agent's directories for all watches.
+    pool: Pool,
     dirs: HashMap<i32, Watched>,
     limited: bool,
     queue: Queue,
@@ -262,7 +285,7 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn open(request: &WatchRequest, max_dirs: u32) -> Result<Watcher, FsError> {
+    fn open(request: &WatchRequest, max_dirs: u32, pool: Pool) -> Result<Watcher, FsError> {
         let path = request.path.as_str();
         if !path.starts_with('/') || path.contains('\0') {
             return Err(fs_error(
@@ -296,6 +319,7 @@ impl Watcher {
             root: None,
             recursive: request.recursive && kind == Kind::Dir,
             max_dirs,
+            pool,
             dirs: HashMap::new(),
             limited: false,
             queue: Queue::default(),
@@ -307,17 +331,35 @@ impl Watcher {
         } else {
             MASK
         };
-        let wd = watcher
-            .add(target.as_raw_fd(), path, mask)
-            .map_err(|e| os_error(path, &e))?;
+        if !watcher.pool.take() {
+            return Err(fs_error(
+                FsErrorCode::Io,
+                path,
+                format!(
+                    "the sandbox's watches hold {} directories, their limit: end one first",
+                    watcher.pool.most
+                ),
+            ));
+        }
+        let wd = match watcher.add(target.as_raw_fd(), path, mask) {
+            Ok(wd) => wd,
+            Err(e) => {
+                watcher.pool.give(1);
+                return Err(os_error(path, &e));
+            }
+        };
         watcher.dirs.insert(wd, Watched { rel: String::new() });
         if is_dir {
-            let root = at::reopen_dir(target.as_raw_fd()).map_err(|e| os_error(path, &e))?;
+            let st = at::stat_fd(target.as_raw_fd()).map_err(|e| os_error(path, &e))?;
             if watcher.recursive {
-                let below = root.try_clone().map_err(|e| os_error(path, &e))?;
+                let below = at::reopen_dir(target.as_raw_fd()).map_err(|e| os_error(path, &e))?;
                 watcher.walk(below, String::new());
             }
-            watcher.root = Some(root);
+            watcher.root = Some(Root {
+                path: path.into(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+            });
         }
         Ok(watcher)
     }
@@ -387,20 +429,31 @@ impl Watcher {
             self.limit(format!("{} directories", self.max_dirs));
             return false;
         }
+        if !self.pool.take() {
+            self.limit(format!("{} directories of all watches", self.pool.most));
+            return false;
+        }
         let full = format!("/proc/self/fd/{}", dir.as_raw_fd());
         match self.add(dir.as_raw_fd(), &full, MASK | libc::IN_ONLYDIR) {
             Ok(wd) => {
                 // The same inode seen again (a bind mount) keeps its first name.
-                self.dirs.entry(wd).or_insert(Watched {
-                    rel: rel.to_string(),
-                });
+                if self.dirs.contains_key(&wd) {
+                    self.pool.give(1);
+                } else {
+                    let rel = rel.to_string();
+                    self.dirs.insert(wd, Watched { rel });
+                }
                 true
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                self.pool.give(1);
                 self.limit("the sandbox's inotify watches".into());
                 false
             }
-            Err(_) => true, // gone meanwhile: nothing to watch
+            Err(_) => {
+                self.pool.give(1);
+                true // gone meanwhile: nothing to watch
+            }
         }
     }
 
@@ -532,7 +585,9 @@ impl Watcher {
             return;
         }
         if mask & libc::IN_IGNORED != 0 {
-            self.dirs.remove(&wd);
+            if self.dirs.remove(&wd).is_some() {
+                self.pool.give(1);
+            }
             return;
         }
         let Some(dir) = self.dirs.get(&wd) else {
@@ -618,7 +673,9 @@ impl Watcher {
         if !self.recursive || self.limited {
             return;
         }
-        let Some(root) = &self.root else { return };
+        let Some(root) = self.root.as_ref().and_then(Root::open) else {
+            return;
+        };
         let Ok(dir) = root.resolve(Path::new(OsStr::from_bytes(&unescape(rel)))) else {
             return; // gone, or a link now
         };
@@ -649,7 +706,9 @@ impl Watcher {
             .map(|(wd, _)| *wd)
             .collect();
         for wd in gone {
-            self.dirs.remove(&wd);
+            if self.dirs.remove(&wd).is_some() {
+                self.pool.give(1);
+            }
             // SAFETY: inotify_rm_watch has no memory effects; a stale wd only fails.
             unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
         }
@@ -660,7 +719,60 @@ impl Watcher {
             // SAFETY: as in `remove_below`.
             unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), *wd) };
         }
+        self.pool.give(self.dirs.len() as u32);
         self.dirs.clear();
+    }
+}
+
+impl Drop for Watcher {
+    /// The inotify instance closes with its watches: they go back to the pool.
+    fn drop(&mut self) {
+        self.pool.give(self.dirs.len() as u32);
+    }
+}
+
+/// The directories all watches of the agent may hold, and how many they hold.
+struct Pool {
+    used: Arc<AtomicU32>,
+    most: u32,
+}
+
+impl Pool {
+    /// One more directory, if the pool has room.
+    fn take(&self) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.most).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: u32) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                Some(used.saturating_sub(n))
+            });
+    }
+}
+
+/// The watched directory: its path and identity.
+struct Root {
+    path: std::path::PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Root {
+    /// The watched directory again, if its path still names it (not a link, nor another
+    /// directory put in its place).
+    fn open(&self) -> Option<Dir> {
+        let fd = at::open_path(&self.path).ok()?;
+        let st = at::stat_fd(fd.as_raw_fd()).ok()?;
+        let same = st.st_mode & libc::S_IFMT == libc::S_IFDIR
+            && st.st_dev == self.dev
+            && st.st_ino == self.ino;
+        same.then(|| at::reopen_dir(fd.as_raw_fd()).ok()).flatten()
     }
 }
 

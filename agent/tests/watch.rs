@@ -201,3 +201,58 @@ async fn more_watches_than_the_limit_are_refused_busy() {
         .await
         .expect("room again");
 }
+
+#[tokio::test]
+async fn all_watches_share_one_pool_of_directories() {
+    let agent = start_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..5000 {
+        std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
+    }
+    let (first, watched) = agent.client.watch(request(dir.path(), true)).await.unwrap();
+    assert_eq!(watched, 5001);
+    let (mut second, watched) = agent.client.watch(request(dir.path(), true)).await.unwrap();
+    assert_eq!(watched, agent_proto::MAX_WATCH_DIRS - 5001);
+    let events = events_until(&mut second, |e| e.kind == WatchKind::Limit).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    // A watch's own `max_dirs` caps it below the pool.
+    let small = WatchRequest {
+        max_dirs: 10,
+        ..request(dir.path(), true)
+    };
+    drop(second);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_third, watched) = agent.client.watch(small).await.unwrap();
+    assert_eq!(watched, 10, "the pool came back and max_dirs holds");
+}
+
+#[tokio::test]
+async fn a_watched_path_deleted_ends_the_watch_not_found() {
+    let agent = start_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    let watched = dir.path().join("w");
+    std::fs::create_dir_all(watched.join("sub")).unwrap();
+    let (mut stream, _) = agent.client.watch(request(&watched, true)).await.unwrap();
+    std::fs::remove_dir_all(&watched).unwrap();
+    let mut seen = Vec::new();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.recv())
+            .await
+            .expect("the end comes")
+        {
+            Some(WatchItem::Batch(batch)) => {
+                stream.passed_on().await.unwrap();
+                seen.extend(batch.events);
+            }
+            Some(WatchItem::End(end)) => break end,
+            None => panic!("the link ended instead"),
+        }
+    };
+    assert_eq!(end.error.map(|e| e.code), Some(FsErrorCode::NotFound));
+    assert!(
+        seen.iter()
+            .any(|e| e.kind == WatchKind::Deleted && e.path.is_empty()),
+        "{seen:?}"
+    );
+}

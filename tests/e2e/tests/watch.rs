@@ -291,7 +291,7 @@ async fn the_watch_ends_when_the_sandbox_stops() {
 }
 
 /// Links to a host-looking path or out of the watched directory are never entered; the
-/// watched path may not be a link (S212); missing S211, relative S210.
+/// watched path may not be a link (S212); missing S211, relative S210; a fifth watch S400.
 #[tokio::test(flavor = "multi_thread")]
 async fn links_are_not_followed_and_bad_paths_are_s_codes() {
     if !bwrap_usable("links_are_not_followed_and_bad_paths_are_s_codes") {
@@ -350,6 +350,17 @@ async fn links_are_not_followed_and_bad_paths_are_s_codes() {
         "max_dirs 0",
     );
     assert_eq!(got, "S001");
+    // Four watches per sandbox: this one and three more; a fifth is S400.
+    let mut more = Vec::new();
+    for _ in 0..3 {
+        more.push(start_watch(&stack, &id, json!({"path": "/tmp"})).await);
+    }
+    let (got, body) = expect_err(call_fs(json!({"path": "/tmp"})).await, "a fifth watch");
+    assert_eq!(got, "S400", "{body}");
+    for (call, lines, _) in more {
+        lines.close().await;
+        assert_eq!(reply(call).await["ended"], "channel_closed");
+    }
     lines.close().await;
     assert_eq!(reply(call).await["ended"], "channel_closed");
 }

@@ -160,7 +160,7 @@ fn watch_request() -> Value {
         &["stream"],
         json!({
             "recursive": flag("Watch every directory below too (never through a symbolic link), and new ones as they appear"),
-            "max_dirs": {"type": "integer", "minimum": 1, "maximum": agent_proto::MAX_WATCH_DIRS, "description": "Directories a recursive watch holds at most (default and largest 8192, lowered to the sandbox's inotify share); past it a `limit` line"},
+            "max_dirs": {"type": "integer", "minimum": 1, "maximum": agent_proto::MAX_WATCH_DIRS, "description": "Directories a recursive watch holds at most (default and largest 8192; all watches of a sandbox share one pool of 8192); past it a `limit` line"},
             "stream": stream,
         }),
     )

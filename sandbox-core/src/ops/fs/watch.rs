@@ -115,7 +115,7 @@ pub async fn watch<B: Backend>(
         Ok(()) => pump(&writer, &mut stream, &mut lines).await,
         Err(_) => Ok("channel_closed"),
     };
-    if let Ok("sandbox_stopped") = ended {
+    if !matches!(ended, Ok("channel_closed")) {
         // The last lines are in; the caller's reader sees the end.
         let _ = writer.close().await;
     }
