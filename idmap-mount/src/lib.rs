@@ -312,9 +312,15 @@ impl Stage {
 /// Moves the caller into a mount namespace of its own (owned by its user namespace, where it
 /// may mount) from which nothing propagates back. Call only while single-threaded.
 pub fn private_mount_namespace() -> io::Result<()> {
-    use nix::mount::{mount, MsFlags};
     unshare(CloneFlags::CLONE_NEWNS)
         .map_err(|e| io::Error::other(format!("cannot unshare the mount namespace: {e}")))?;
+    make_mounts_private()
+}
+
+/// Makes every mount of the caller's (new) mount namespace private, so that nothing mounted
+/// here propagates back to the namespace it was copied from, nor the other way.
+pub fn make_mounts_private() -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
     mount(
         None::<&str>,
         "/",

@@ -89,21 +89,7 @@ pub fn enter_private_namespace() -> Result<(), OverlayError> {
     if uid != 0 {
         map_self_to_root(uid, gid)?;
     }
-    // SAFETY: NUL-terminated static strings and null pointers, as mount(2) allows for a
-    // propagation change.
-    let private = unsafe {
-        libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        )
-    };
-    if private != 0 {
-        return Err(OverlayError::Private(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    idmap_mount::make_mounts_private().map_err(OverlayError::Private)
 }
 
 /// Whether [`enter_private_namespace`] put the runner in a user namespace of its own (it

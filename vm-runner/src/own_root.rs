@@ -176,16 +176,10 @@ fn below(root: &Path, path: &Path) -> io::Result<PathBuf> {
 pub fn enter(spec: &VmSpec) -> Result<(), OwnRootError> {
     // The pivot below moves every process of the mount namespace whose root is the host's:
     // only this one must move.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(setup("cannot make its mount namespace"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(setup("cannot make its mount namespace private"))?;
+    idmap_mount::private_mount_namespace().map_err(|source| OwnRootError::Setup {
+        what: "cannot make its mount namespace private",
+        source,
+    })?;
     let served = served(spec);
     // Copies first: the tmpfs below covers BUILD_DIR, where served paths may lie.
     let mut trees: Vec<(Served, OwnedFd)> = Vec::with_capacity(served.len());
