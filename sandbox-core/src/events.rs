@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,13 @@ pub const QUEUE: usize = 256;
 pub const MAX_SUBSCRIBERS: usize = 256;
 /// How long one delivery may take before the next event goes.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A subscriber none of whose deliveries succeeded for this long (at least
+/// [`DEAD_AFTER_FAILURES`] of them) is dropped: it is gone without the engine having said so
+/// (an engine restart forgets bindings without unregistering them). One that comes back
+/// registers again, and the engine replays its binding.
+pub const DEAD_AFTER: Duration = Duration::from_secs(60);
+/// Failed deliveries in a row before [`DEAD_AFTER`] can drop a subscriber.
+const DEAD_AFTER_FAILURES: u32 = 3;
 /// Longest text field of an event (an agent-lost cause).
 const MAX_TEXT: usize = 512;
 /// Longest trigger id or function id we keep.
@@ -341,18 +348,49 @@ fn kind_of(value: &Value) -> &'static str {
 }
 
 struct Subscriber {
+    /// Which registration this is: a delivery task removes only its own.
+    generation: u64,
     function_id: String,
     filter: Filter,
     queue: mpsc::Sender<Arc<Value>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// The subscribers and their delivery.
-pub struct Events {
+/// The subscribers, shared with their delivery tasks (which drop a dead one).
+struct Table {
     /// How many subscribers there are: what an emit with none looks at.
     count: AtomicUsize,
     subscribers: Mutex<HashMap<String, Subscriber>>,
+    generations: AtomicU64,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Subscriber>> {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removes subscriber `id` if it is still registration `generation`.
+    fn drop_dead(&self, id: &str, generation: u64) -> bool {
+        let mut subscribers = self.lock();
+        if subscribers
+            .get(id)
+            .is_none_or(|s| s.generation != generation)
+        {
+            return false;
+        }
+        subscribers.remove(id);
+        self.count.store(subscribers.len(), Ordering::Relaxed);
+        true
+    }
+}
+
+/// The subscribers and their delivery.
+pub struct Events {
+    table: Arc<Table>,
     deliver: Arc<dyn Deliver>,
+    dead_after: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -378,17 +416,25 @@ struct UnsubscribeRequest {
 
 impl Events {
     pub fn new(deliver: Arc<dyn Deliver>) -> Self {
+        Self::with_dead_after(deliver, DEAD_AFTER)
+    }
+
+    fn with_dead_after(deliver: Arc<dyn Deliver>, dead_after: Duration) -> Self {
         Self {
-            count: AtomicUsize::new(0),
-            subscribers: Mutex::new(HashMap::new()),
+            table: Arc::new(Table {
+                count: AtomicUsize::new(0),
+                subscribers: Mutex::new(HashMap::new()),
+                generations: AtomicU64::new(0),
+            }),
             deliver,
+            dead_after,
         }
     }
 
     /// Whether anyone listens (one atomic load).
     #[inline]
     pub fn active(&self) -> bool {
-        self.count.load(Ordering::Relaxed) != 0
+        self.table.count.load(Ordering::Relaxed) != 0
     }
 
     /// Emits the event `make` builds; `make` runs only when someone listens.
@@ -433,7 +479,7 @@ impl Events {
         for id in full {
             if let Some(dropped) = subscribers.remove(&id) {
                 dropped.task.abort();
-                self.count.store(subscribers.len(), Ordering::Relaxed);
+                self.table.count.store(subscribers.len(), Ordering::Relaxed);
                 tracing::warn!(
                     trigger_id = %id,
                     function_id = %dropped.function_id,
@@ -481,9 +527,16 @@ impl Events {
             )));
         }
         let (queue, events) = mpsc::channel(QUEUE);
+        let generation = self.table.generations.fetch_add(1, Ordering::Relaxed);
         let task = tokio::spawn(deliver_all(
-            Arc::clone(&self.deliver),
-            request.function_id.clone(),
+            Delivery {
+                table: Arc::downgrade(&self.table),
+                id: request.id.clone(),
+                generation,
+                function_id: request.function_id.clone(),
+                deliver: Arc::clone(&self.deliver),
+                dead_after: self.dead_after,
+            },
             events,
         ));
         tracing::info!(
@@ -493,6 +546,7 @@ impl Events {
             "event subscriber registered"
         );
         let subscriber = Subscriber {
+            generation,
             function_id: request.function_id,
             filter,
             queue,
@@ -501,7 +555,7 @@ impl Events {
         if let Some(old) = subscribers.insert(request.id, subscriber) {
             old.task.abort();
         }
-        self.count.store(subscribers.len(), Ordering::Relaxed);
+        self.table.count.store(subscribers.len(), Ordering::Relaxed);
         Ok(json!({"subscribed": true}))
     }
 
@@ -510,7 +564,7 @@ impl Events {
         let request: UnsubscribeRequest = crate::request::parse(payload)?;
         let mut subscribers = self.lock();
         let removed = subscribers.remove(&request.id);
-        self.count.store(subscribers.len(), Ordering::Relaxed);
+        self.table.count.store(subscribers.len(), Ordering::Relaxed);
         drop(subscribers);
         if let Some(removed) = &removed {
             removed.task.abort();
@@ -521,13 +575,11 @@ impl Events {
 
     /// How many subscribers there are.
     pub fn subscribers(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
+        self.table.count.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Subscriber>> {
-        self.subscribers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.table.lock()
     }
 }
 
@@ -539,27 +591,62 @@ impl Drop for Events {
     }
 }
 
-/// One subscriber's delivery: in order, one at a time, each bounded by [`DELIVERY_TIMEOUT`].
-async fn deliver_all(
-    deliver: Arc<dyn Deliver>,
+/// What one subscriber's delivery task needs.
+struct Delivery {
+    table: std::sync::Weak<Table>,
+    id: String,
+    generation: u64,
     function_id: String,
-    mut events: mpsc::Receiver<Arc<Value>>,
-) {
-    let mut failures: u64 = 0;
+    deliver: Arc<dyn Deliver>,
+    dead_after: Duration,
+}
+
+/// One subscriber's delivery: in order, one at a time, each bounded by [`DELIVERY_TIMEOUT`];
+/// ends when the subscriber is dropped, or drops it once it has been dead for `dead_after`.
+async fn deliver_all(delivery: Delivery, mut events: mpsc::Receiver<Arc<Value>>) {
+    let function_id = &delivery.function_id;
+    let mut failures: u32 = 0;
+    let mut failing_since: Option<Instant> = None;
     while let Some(event) = events.recv().await {
-        let outcome =
-            tokio::time::timeout(DELIVERY_TIMEOUT, deliver.deliver(&function_id, &event)).await;
+        let outcome = tokio::time::timeout(
+            DELIVERY_TIMEOUT,
+            delivery.deliver.deliver(function_id, &event),
+        )
+        .await;
         let error = match outcome {
-            Ok(Ok(())) => continue,
+            Ok(Ok(())) => {
+                failures = 0;
+                failing_since = None;
+                continue;
+            }
             Ok(Err(e)) => e,
             Err(_) => format!("no answer within {} s", DELIVERY_TIMEOUT.as_secs()),
         };
-        failures += 1;
+        failures = failures.saturating_add(1);
+        let since = *failing_since.get_or_insert_with(Instant::now);
         // The first failure says why; later ones would repeat it for every event.
         if failures == 1 {
             tracing::info!(%function_id, error = %bounded(&error), "an event did not reach its subscriber");
         } else {
             tracing::debug!(%function_id, error = %bounded(&error), failures, "an event did not reach its subscriber");
+        }
+        if failures >= DEAD_AFTER_FAILURES && since.elapsed() >= delivery.dead_after {
+            let dropped = delivery
+                .table
+                .upgrade()
+                .is_some_and(|table| table.drop_dead(&delivery.id, delivery.generation));
+            if dropped {
+                tracing::warn!(
+                    trigger_id = %delivery.id,
+                    %function_id,
+                    failures,
+                    error = %bounded(&error),
+                    "an event subscriber has not been reached for {} s: dropped; it gets no \
+                     more events until it registers again",
+                    delivery.dead_after.as_secs()
+                );
+            }
+            return;
         }
     }
 }
@@ -790,6 +877,40 @@ mod tests {
         println!("bench events_emit_no_subscriber ns_per_emit={per:.2}");
         // Generous for a debug build on a shared machine; building an event costs far more.
         assert!(per < 50.0, "{per} ns per emit");
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_is_never_reached_is_dropped() {
+        struct Gone;
+        impl Deliver for Gone {
+            fn deliver(
+                &self,
+                function_id: &str,
+                _: &Value,
+            ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>> {
+                let error = format!("function_not_found: {function_id}");
+                Box::pin(async move { Err(error) })
+            }
+        }
+        let events = Events::with_dead_after(Arc::new(Gone), Duration::from_millis(100));
+        events
+            .subscribe(json!({"id": "gone", "function_id": "f"}))
+            .unwrap();
+        let id = Uuid::new_v4();
+        for _ in 0..DEAD_AFTER_FAILURES {
+            events.emit(|| Event::ready(id));
+            settle().await;
+        }
+        assert!(events.active(), "failures alone, not yet for long: kept");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        events.emit(|| Event::ready(id));
+        settle().await;
+        assert!(!events.active(), "dead for longer than dead_after: dropped");
+        // A later registration of the same binding is a new subscriber.
+        events
+            .subscribe(json!({"id": "gone", "function_id": "f"}))
+            .unwrap();
+        assert_eq!(events.subscribers(), 1);
     }
 
     #[test]
