@@ -750,6 +750,324 @@ mod tests {
         assert_eq!(escape(b"/a b/c\\d\x01"), "/a b/c\\\\d\\x01");
     }
 
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    fn copy(source: &Path, store: &Path, limit: u64) -> Result<u64, CaptureError> {
+        copy_layer(dir_fd(source), dir_fd(store), limit)
+    }
+
+    fn is_root() -> bool {
+        nix::unistd::geteuid().is_root()
+    }
+
+    /// Every path under `dir`, relative, without following a link.
+    fn listing(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut pending = vec![PathBuf::new()];
+        while let Some(at) = pending.pop() {
+            for entry in std::fs::read_dir(dir.join(&at)).unwrap() {
+                let entry = entry.unwrap();
+                let path = at.join(entry.file_name());
+                if entry.file_type().unwrap().is_dir() {
+                    pending.push(path.clone());
+                }
+                found.push(path);
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn links_are_copied_as_their_text_and_never_followed() {
+        let source = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"host's").unwrap();
+        std::fs::create_dir(source.path().join("sub")).unwrap();
+        std::fs::write(source.path().join("sub/f"), b"guest's").unwrap();
+        symlink(outside.path(), source.path().join("out")).unwrap();
+        symlink("../../../../etc/passwd", source.path().join("up")).unwrap();
+        symlink("sub", source.path().join("to-sub")).unwrap();
+        // A name that is not UTF-8 and holds a newline, kept byte for byte.
+        let odd = OsStr::from_bytes(b"odd\n\xff");
+        symlink("dangling", source.path().join(odd)).unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let used = copy(source.path(), store.path(), 1 << 20).unwrap();
+        let text_bytes = outside.path().as_os_str().len() + 22 + 3 + 8;
+        assert_eq!(used, 6 * ENTRY_BYTES + 7 + text_bytes as u64);
+        for (name, text) in [
+            (OsStr::new("out"), outside.path().as_os_str()),
+            (OsStr::new("up"), OsStr::new("../../../../etc/passwd")),
+            (OsStr::new("to-sub"), OsStr::new("sub")),
+            (odd, OsStr::new("dangling")),
+        ] {
+            let copied = store.path().join(name);
+            assert!(copied.symlink_metadata().unwrap().is_symlink(), "{name:?}");
+            assert_eq!(std::fs::read_link(&copied).unwrap().as_os_str(), text);
+        }
+        let names: Vec<_> = ["odd\n\u{fffd}", "out", "sub", "sub/f", "to-sub", "up"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let copied: Vec<_> = listing(store.path())
+            .iter()
+            .map(|p| PathBuf::from(p.to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(copied, names);
+        assert_eq!(listing(outside.path()), vec![PathBuf::from("secret")]);
+    }
+
+    #[test]
+    fn hard_links_stay_one_file_counted_once() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::write(source.path().join("a"), b"hello").unwrap();
+        std::fs::hard_link(source.path().join("a"), source.path().join("b")).unwrap();
+        std::fs::create_dir(source.path().join("dir")).unwrap();
+        std::fs::hard_link(source.path().join("a"), source.path().join("dir/c")).unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let used = copy(source.path(), store.path(), 1 << 20).unwrap();
+        // Four entries (a, b, dir, dir/c), the contents once.
+        assert_eq!(used, 4 * ENTRY_BYTES + 5);
+        let a = std::fs::metadata(store.path().join("a")).unwrap();
+        assert_eq!(a.nlink(), 3);
+        for other in ["b", "dir/c"] {
+            let other = std::fs::metadata(store.path().join(other)).unwrap();
+            assert_eq!((other.dev(), other.ino()), (a.dev(), a.ino()));
+        }
+        assert_eq!(std::fs::read(store.path().join("dir/c")).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn whiteouts_and_fifos_are_kept_devices_and_sockets_left_out() {
+        if !is_root() {
+            println!("*** DID NOT RUN: making device nodes needs root ***");
+            return;
+        }
+        let source = tempfile::tempdir().unwrap();
+        let node = |name: &str, kind: SFlag, dev: libc::dev_t| {
+            let path = source.path().join(name);
+            nix::sys::stat::mknod(&path, kind, Mode::from_bits_truncate(0o644), dev).unwrap();
+        };
+        node("whiteout", SFlag::S_IFCHR, 0);
+        node("null", SFlag::S_IFCHR, libc::makedev(1, 3));
+        node("disk", SFlag::S_IFBLK, libc::makedev(7, 0));
+        nix::unistd::mkfifo(&source.path().join("fifo"), Mode::from_bits_truncate(0o640)).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(source.path().join("sock")).unwrap();
+        std::fs::write(source.path().join("file"), b"x").unwrap();
+        let store = tempfile::tempdir().unwrap();
+        copy(source.path(), store.path(), 1 << 20).unwrap();
+        assert_eq!(
+            listing(store.path()),
+            ["fifo", "file", "whiteout"].map(PathBuf::from)
+        );
+        let whiteout = store.path().join("whiteout").symlink_metadata().unwrap();
+        assert_eq!(whiteout.mode() & libc::S_IFMT, libc::S_IFCHR);
+        assert_eq!(whiteout.rdev(), 0);
+        let fifo = store.path().join("fifo").symlink_metadata().unwrap();
+        assert_eq!(fifo.mode() & libc::S_IFMT, libc::S_IFIFO);
+        assert_eq!(fifo.mode() & 0o7777, 0o640);
+    }
+
+    #[test]
+    fn set_id_bits_owners_and_times_are_kept() {
+        let source = tempfile::tempdir().unwrap();
+        let file = source.path().join("tool");
+        std::fs::write(&file, b"#!").unwrap();
+        let dir = source.path().join("shared");
+        std::fs::create_dir(&dir).unwrap();
+        // As root, owners the copier is not: the change of owner must not drop the bits.
+        let (uid, gid) = if is_root() {
+            (1000, 1234)
+        } else {
+            (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            )
+        };
+        std::os::unix::fs::chown(&file, Some(uid), Some(gid)).unwrap();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o6755)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o3775)).unwrap();
+        let old = TimeSpec::new(1_000_000_000, 5);
+        utimensat(None, &file, &old, &old, UtimensatFlags::NoFollowSymlink).unwrap();
+        let store = tempfile::tempdir().unwrap();
+        copy(source.path(), store.path(), 1 << 20).unwrap();
+        let tool = std::fs::metadata(store.path().join("tool")).unwrap();
+        assert_eq!(tool.mode() & 0o7777, 0o6755);
+        assert_eq!((tool.uid(), tool.gid()), (uid, gid));
+        assert_eq!((tool.mtime(), tool.mtime_nsec()), (1_000_000_000, 5));
+        let shared = std::fs::metadata(store.path().join("shared")).unwrap();
+        assert_eq!(shared.mode() & 0o7777, 0o3775);
+        assert_eq!((shared.uid(), shared.gid()), (uid, gid));
+    }
+
+    #[test]
+    fn only_the_guests_xattrs_and_overlays_opaque_mark_are_copied() {
+        let source = tempfile::tempdir().unwrap();
+        let dir = source.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        let set = |path: &Path, name: &str, value: &[u8]| {
+            let fd = OwnedFd::from(File::open(path).unwrap());
+            set_xattr(&fd, &CString::new(name).unwrap(), value)
+        };
+        set(&dir, "user.overlay.opaque", b"y").unwrap();
+        set(&dir, "user.overlay.origin", b"handle").unwrap();
+        set(&dir, "user.mine", b"kept").unwrap();
+        let trusted = is_root() && set(&dir, "trusted.overlay.opaque", b"y").is_ok();
+        let store = tempfile::tempdir().unwrap();
+        copy(source.path(), store.path(), 1 << 20).unwrap();
+        let copied = OwnedFd::from(File::open(store.path().join("d")).unwrap());
+        let mut names: Vec<_> = list_xattrs(&copied)
+            .unwrap()
+            .into_iter()
+            .filter(|n| !n.to_bytes().starts_with(b"security."))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [c"user.mine".to_owned(), c"user.overlay.opaque".to_owned()]
+        );
+        println!("a trusted.* xattr was in the source too: {trusted}");
+    }
+
+    #[test]
+    fn the_budget_stops_a_copy_while_it_writes() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::write(source.path().join("big"), vec![7u8; 1 << 20]).unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let limit = 64 * 1024;
+        match copy(source.path(), store.path(), limit) {
+            Err(CaptureError::OverBudget { limit: said }) => assert_eq!(said, limit),
+            other => panic!("not over budget: {other:?}"),
+        }
+        // Written no further than the budget (and the one byte that tells it is past).
+        let written = std::fs::metadata(store.path().join("big")).unwrap().len();
+        assert!(written <= limit + 1, "{written}");
+        // Many empty entries cost their inodes.
+        let many = tempfile::tempdir().unwrap();
+        for i in 0..100 {
+            std::fs::write(many.path().join(i.to_string()), b"").unwrap();
+        }
+        let store = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            copy(many.path(), store.path(), 99 * ENTRY_BYTES),
+            Err(CaptureError::OverBudget { .. })
+        ));
+    }
+
+    const STACK: usize = 8 << 20;
+
+    #[test]
+    fn a_tree_deeper_than_the_bound_is_refused() {
+        let source = tempfile::tempdir().unwrap();
+        let mut at = source.path().to_path_buf();
+        for _ in 0..=MAX_DEPTH + 1 {
+            at.push("d");
+            std::fs::create_dir(&at).unwrap();
+        }
+        let store = tempfile::tempdir().unwrap();
+        // On a thread with the stack of a process's main thread (Linux's default 8 MiB
+        // limit), where the copying process runs it: each level is a few frames deep.
+        let (from, into) = (source.path().to_path_buf(), store.path().to_path_buf());
+        let error = std::thread::Builder::new()
+            .stack_size(STACK)
+            .spawn(move || copy(&from, &into, 1 << 30))
+            .unwrap()
+            .join()
+            .unwrap()
+            .expect_err("too deep");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("deeper than {MAX_DEPTH} directories")),
+            "{error}"
+        );
+    }
+
+    /// The guest swaps a directory and a file for links out of its tree (and back) while the
+    /// copy runs: every copy either fails cleanly or holds the guest's own files and links,
+    /// never what the links point at, and nothing is written outside the copy.
+    #[test]
+    fn a_tree_that_changes_while_copied_never_leads_the_copy_out() {
+        let source = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"SECRET").unwrap();
+        let dir = source.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("f"), b"guest").unwrap();
+        std::fs::write(source.path().join("x"), b"guest").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let guest = {
+            let (stop, root) = (stop.clone(), source.path().to_path_buf());
+            let outside = outside.path().to_path_buf();
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::rename(root.join("d"), root.join("d.real")).unwrap();
+                    symlink(&outside, root.join("d")).unwrap();
+                    std::fs::rename(root.join("x"), root.join("x.real")).unwrap();
+                    symlink(outside.join("secret"), root.join("x")).unwrap();
+                    std::fs::remove_file(root.join("d")).unwrap();
+                    std::fs::rename(root.join("d.real"), root.join("d")).unwrap();
+                    std::fs::remove_file(root.join("x")).unwrap();
+                    std::fs::rename(root.join("x.real"), root.join("x")).unwrap();
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let (mut copied, mut failed) = (0, 0);
+        for _ in 0..300 {
+            let store = tempfile::tempdir().unwrap();
+            match copy(source.path(), store.path(), 1 << 20) {
+                Ok(_) => copied += 1,
+                Err(CaptureError::Io { .. }) => {
+                    failed += 1;
+                    continue;
+                }
+                Err(other) => panic!("{other}"),
+            }
+            for path in listing(store.path()) {
+                let full = store.path().join(&path);
+                let meta = full.symlink_metadata().unwrap();
+                if meta.is_symlink() {
+                    let text = std::fs::read_link(&full).unwrap();
+                    assert!(text.starts_with(outside.path()), "{path:?} -> {text:?}");
+                } else if meta.is_file() {
+                    assert_eq!(std::fs::read(&full).unwrap(), b"guest", "{path:?}");
+                }
+                assert!(!path.ends_with("secret"), "{path:?} copied from outside");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = guest.join().unwrap();
+        println!("{copied} copies, {failed} stopped cleanly, {swaps} swaps by the guest");
+        assert!(swaps > 0 && copied > 0);
+        assert_eq!(listing(outside.path()), vec![PathBuf::from("secret")]);
+    }
+
+    #[test]
+    fn the_stores_refusals_that_are_the_files_doing_are_told_apart() {
+        let store = tempfile::tempdir().unwrap();
+        let into = dir_fd(store.path());
+        let said = |errno| unstorable_xattr(&into, &io::Error::from_raw_os_error(errno));
+        assert!(said(libc::E2BIG).unwrap().contains("E2BIG"));
+        assert!(said(libc::ERANGE).unwrap().contains("ERANGE"));
+        assert!(said(libc::EOPNOTSUPP).unwrap().contains("no user xattrs"));
+        // This store has room: ENOSPC is the file's xattr space, not the disk.
+        let room = nix::sys::statvfs::fstatvfs(&into)
+            .unwrap()
+            .blocks_available();
+        if room >= STORE_ROOM_BLOCKS {
+            assert!(said(libc::ENOSPC).unwrap().contains("ENOSPC"));
+        }
+        assert_eq!(said(libc::EIO), None);
+        assert_eq!(said(libc::EACCES), None);
+        assert_eq!(unstorable_xattr(&into, &io::Error::other("no errno")), None);
+    }
+
     #[cfg(feature = "run")]
     #[tokio::test]
     async fn an_unstorable_exit_carries_the_copiers_line() {
