@@ -370,6 +370,13 @@ impl Backend for BwrapBackend {
         }
     }
 
+    fn worker_tuning(&self) -> sandbox_core::ops::worker::TuningSupport {
+        sandbox_core::ops::worker::TuningSupport::NoVm {
+            nofile: "not applied on the bwrap backend: a worker's processes get RLIMIT_NOFILE \
+                     65536 (soft and hard) from its launcher, whatever is asked",
+        }
+    }
+
     fn boot_logs(&self, layer_dir: &Path) -> String {
         sandbox_core::log_tails(&[("sandbox", &layer_dir.join(LOG_FILE))])
     }

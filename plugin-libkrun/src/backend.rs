@@ -534,6 +534,16 @@ impl Backend for LibkrunBackend {
             .map_err(capture_error)
     }
 
+    fn worker_tuning(&self) -> sandbox_core::ops::worker::TuningSupport {
+        sandbox_core::ops::worker::TuningSupport::MicroVm {
+            // Shown in `worker::status` when hyperthreading is asked for.
+            no_smt: "libkrun 1.19.7's krun_set_vm_config hard-codes ht_enabled to false and no \
+                     other call of its API sets it, so the guest always sees one thread per \
+                     core; honouring it needs another VMM crate (e.g. microsandbox's msb_krun \
+                     fork, whose machine builder has hyperthreading)",
+        }
+    }
+
     fn boot_logs(&self, layer_dir: &Path) -> String {
         // The logs are where they are for both kinds of layer.
         let layout = Layout::new(layer_dir, false);

@@ -254,6 +254,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Starts a sandbox; the agent inside must answer on the returned stream.
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError>;
 
+    /// What this backend makes of a worker VM's tuning (`worker::status`'s `vm_tuning`): a
+    /// backend that runs no VM honours none of it.
+    fn worker_tuning(&self) -> crate::ops::worker::TuningSupport {
+        crate::ops::worker::TuningSupport::NoVm {
+            nofile: "not applied: a worker's processes get the open-file limit their launcher \
+                     sets, whatever is asked",
+        }
+    }
+
     /// What the sandbox's own logs say, for an S300 raised after boot (e.g. the agent's
     /// handshake failed); a suffix such as "; console log tail: ...", or empty.
     fn boot_logs(&self, _layer_dir: &Path) -> String {

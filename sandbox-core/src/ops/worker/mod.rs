@@ -44,8 +44,8 @@ pub use roots::{
     COMPOSE_STATE_DIR_ENV, COMPOSE_STATE_DIR_NAME, WORKER_DIRS_ENV,
 };
 pub use tuning::{
-    shown as shown_env_value, VmTuning, DEFAULT_NOFILE_LIMIT, HYPERTHREADING_ENV, NESTED_VIRT_ENV,
-    NOFILE_LIMIT_ENV, VIRTIOFS_SHM_SIZE_ENV,
+    shown as shown_env_value, TuningSupport, VmTuning, DEFAULT_NOFILE_LIMIT, HYPERTHREADING_ENV,
+    NESTED_VIRT_ENV, NOFILE_LIMIT_ENV, VIRTIOFS_SHM_SIZE_ENV,
 };
 
 /// `logs` returns this many bytes unless asked otherwise, and never more than the cap.
@@ -325,7 +325,10 @@ fn status_json<B: Backend>(
         "state": record.state,
         "image": record.image,
         "host_path": record.host_path,
-        "vm_tuning": plugin.workers.tuning.status(plugin.backend.name()),
+        "vm_tuning": plugin
+            .workers
+            .tuning
+            .status(plugin.backend.name(), plugin.backend.worker_tuning()),
     });
     let pid = run
         .filter(|_| record.state == WorkerState::Running)

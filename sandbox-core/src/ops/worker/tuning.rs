@@ -21,15 +21,16 @@ pub const DEFAULT_NOFILE_LIMIT: u64 = 65536;
 /// Linux's default `fs.nr_open`: a higher hard limit is refused by the guest kernel.
 pub const GUEST_NR_OPEN: u64 = 1 << 20;
 
-/// Why SMT cannot be switched on for a libkrun worker VM (shown in `worker::status`).
-pub const LIBKRUN_NO_SMT: &str = "libkrun 1.19.7's krun_set_vm_config hard-codes ht_enabled \
-    to false and no other call of its API sets it, so the guest always sees one thread per \
-    core; honouring it needs another VMM crate (e.g. microsandbox's msb_krun fork, whose \
-    machine builder has hyperthreading)";
-const BWRAP_NO_VM: &str = "the bwrap backend runs no VM: the worker shares the host's CPUs \
-    and kernel";
-const BWRAP_NOFILE: &str = "not applied on the bwrap backend: a worker's processes get \
-    RLIMIT_NOFILE 65536 (soft and hard) from its launcher, whatever is asked";
+/// What a backend makes of a worker VM's tuning (`Backend::worker_tuning`): each backend
+/// says it of itself, [`VmTuning::status`] shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TuningSupport {
+    /// A microVM: every knob applies but SMT, which `no_smt` explains.
+    MicroVm { no_smt: &'static str },
+    /// No VM: the worker shares the host's CPUs and kernel; `nofile` says what open-file
+    /// limit its processes get instead of the one asked for.
+    NoVm { nofile: &'static str },
+}
 
 /// The tuning asked for by the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,9 +129,9 @@ impl VmTuning {
     }
 
     /// `worker::status`'s `vm_tuning`: what the environment asked for (`requested`), what
-    /// a worker VM on `backend` gets (`applied`), and why each request it cannot honour is
-    /// not (`not_applied`).
-    pub fn status(&self, backend: &str) -> Value {
+    /// a worker VM on `backend` gets (`applied`, as `support` says), and why each request it
+    /// cannot honour is not (`not_applied`).
+    pub fn status(&self, backend: &str, support: TuningSupport) -> Value {
         let requested = json!({
             "hyperthreading": self.hyperthreading,
             "nested_virt": self.nested_virt,
@@ -139,31 +140,36 @@ impl VmTuning {
         });
         let mut applied = Map::new();
         let mut not_applied = Map::new();
-        if backend == "libkrun" {
-            applied.insert("hyperthreading".into(), false.into());
-            if self.hyperthreading {
-                not_applied.insert("hyperthreading".into(), LIBKRUN_NO_SMT.into());
+        match support {
+            TuningSupport::MicroVm { no_smt } => {
+                applied.insert("hyperthreading".into(), false.into());
+                if self.hyperthreading {
+                    not_applied.insert("hyperthreading".into(), no_smt.into());
+                }
+                applied.insert("nested_virt".into(), self.nested_virt.into());
+                applied.insert(
+                    "virtiofs_shm_size_mib".into(),
+                    self.virtiofs_shm_size_mib.into(),
+                );
+                applied.insert("nofile_limit".into(), json!(self.nofile_limit));
             }
-            applied.insert("nested_virt".into(), self.nested_virt.into());
-            applied.insert(
-                "virtiofs_shm_size_mib".into(),
-                self.virtiofs_shm_size_mib.into(),
-            );
-            applied.insert("nofile_limit".into(), json!(self.nofile_limit));
-        } else {
-            let unmet = [
-                ("hyperthreading", self.hyperthreading, BWRAP_NO_VM),
-                ("nested_virt", self.nested_virt, BWRAP_NO_VM),
+            TuningSupport::NoVm { nofile } => {
+                let no_vm =
+                format!("the {backend} backend runs no VM: the worker shares the host's CPUs and kernel");
+                let unmet = [
+                ("hyperthreading", self.hyperthreading, no_vm.clone()),
+                ("nested_virt", self.nested_virt, no_vm),
                 (
                     "virtiofs_shm_size_mib",
                     self.virtiofs_shm_size_mib > 0,
-                    "the bwrap backend runs no VM: /worker is a bind mount, not virtio-fs",
+                    format!("the {backend} backend runs no VM: /worker is a bind mount, not virtio-fs"),
                 ),
-                ("nofile_limit", self.nofile_limit.is_some(), BWRAP_NOFILE),
+                ("nofile_limit", self.nofile_limit.is_some(), nofile.to_string()),
             ];
-            for (name, asked, reason) in unmet {
-                if asked {
-                    not_applied.insert(name.into(), reason.into());
+                for (name, asked, reason) in unmet {
+                    if asked {
+                        not_applied.insert(name.into(), reason.into());
+                    }
                 }
             }
         }
@@ -261,7 +267,13 @@ mod tests {
             virtiofs_shm_size_mib: 128,
             nofile_limit: Some(4096),
         };
-        let libkrun = tuning.status("libkrun");
+        let microvm = TuningSupport::MicroVm {
+            no_smt: "krun_set_vm_config sets no SMT",
+        };
+        let no_vm = TuningSupport::NoVm {
+            nofile: "not applied: 65536 from the launcher",
+        };
+        let libkrun = tuning.status("libkrun", microvm);
         assert_eq!(
             libkrun["applied"],
             json!({"hyperthreading": false, "nested_virt": true,
@@ -272,17 +284,25 @@ mod tests {
         assert!(reason.contains("krun_set_vm_config"), "{reason}");
         assert_eq!(libkrun["not_applied"].as_object().unwrap().len(), 1);
 
-        let bwrap = tuning.status("bwrap");
+        let bwrap = tuning.status("bwrap", no_vm);
         assert_eq!(bwrap["applied"], json!({}));
         assert_eq!(bwrap["not_applied"].as_object().unwrap().len(), 4);
+        assert_eq!(
+            bwrap["not_applied"]["nested_virt"],
+            "the bwrap backend runs no VM: the worker shares the host's CPUs and kernel"
+        );
+        assert_eq!(
+            bwrap["not_applied"]["nofile_limit"],
+            "not applied: 65536 from the launcher"
+        );
 
         let quiet = VmTuning {
             nofile_limit: None,
             ..VmTuning::default()
         };
-        assert_eq!(quiet.status("bwrap")["not_applied"], json!({}));
+        assert_eq!(quiet.status("bwrap", no_vm)["not_applied"], json!({}));
         assert_eq!(
-            quiet.status("libkrun")["applied"]["nofile_limit"],
+            quiet.status("libkrun", microvm)["applied"]["nofile_limit"],
             Value::Null
         );
     }
