@@ -11,7 +11,8 @@
 //! subscriber has one delivery task that calls its function and waits for the answer (up to
 //! [`DELIVERY_TIMEOUT`]) before sending the next event, so its events arrive in order and a
 //! subscriber that does not keep up shows as a full queue: it is dropped then, with one
-//! warning, and the sandboxes never wait for it.
+//! warning, and the sandboxes never wait for it. One that no delivery reaches for
+//! [`DEAD_AFTER`] is dropped as well.
 //!
 //! Events carry ids, codes, sizes and times: never a request's payload, an exec's output,
 //! environment or file contents.
