@@ -277,11 +277,6 @@ impl Backend for BwrapBackend {
             bounded_log::Start::Append,
         )
         .map_err(|e| boot_error("cannot open the sandbox's log", e))?;
-        if spec.persistent_layer && !spec.snapshot_layers.is_empty() {
-            return Err(SandboxError::BackendUnsupported(
-                "a worker VM cannot start from a snapshot".into(),
-            ));
-        }
         let command = LaunchCommand {
             lower: path(&spec.image_root),
             layers: spec.snapshot_layers.iter().map(|l| path(l)).collect(),

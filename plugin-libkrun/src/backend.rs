@@ -551,12 +551,6 @@ impl Backend for LibkrunBackend {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Booted, SandboxError> {
-        // A snapshot's layers stack under a sandbox's ephemeral layer only.
-        if spec.persistent_layer && !spec.snapshot_layers.is_empty() {
-            return Err(SandboxError::BackendUnsupported(
-                "a worker VM cannot start from a snapshot".into(),
-            ));
-        }
         // Fails closed: a sandbox whose runner's share of the host's files is too small to
         // boot is not started (worker VMs are not counted against the cap).
         if let Some(why) = self

@@ -59,6 +59,19 @@ pub struct BootSpec {
     pub snapshot_layers: Vec<PathBuf>,
 }
 
+impl BootSpec {
+    /// What no backend boots, checked before any is asked: a snapshot's layers stack under a
+    /// sandbox's ephemeral layer only, never under a worker VM's persistent one.
+    pub fn check(&self) -> Result<(), SandboxError> {
+        if self.persistent_layer && !self.snapshot_layers.is_empty() {
+            return Err(SandboxError::BackendUnsupported(
+                "a worker VM cannot start from a snapshot".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One entry of [`BootSpec::mounts`], backend-neutral: bwrap turns it into `--bind`/`--tmpfs`
 /// arguments, a VM into shares. Later entries may lie inside earlier ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,4 +345,42 @@ pub fn helper_program(env: &str, name: &str) -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| Some(std::env::current_exe().ok()?.parent()?.join(name)))
         .unwrap_or_else(|| PathBuf::from(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(persistent_layer: bool, snapshot_layers: Vec<PathBuf>) -> BootSpec {
+        BootSpec {
+            sandbox_id: "s".into(),
+            image_root: PathBuf::from("/image"),
+            layer_dir: PathBuf::from("/layer"),
+            cpus: 1,
+            memory_mb: 512,
+            pids: 64,
+            disk_mb: 0,
+            network: false,
+            egress: Default::default(),
+            agent_path: PathBuf::from("/agent"),
+            mounts: Vec::new(),
+            persistent_layer,
+            snapshot_layers,
+        }
+    }
+
+    /// A snapshot's layers stack under a sandbox only; a worker VM with them is refused
+    /// before any backend is asked.
+    #[test]
+    fn a_worker_vm_never_starts_from_a_snapshot() {
+        let layers = vec![PathBuf::from("/snapshots/a")];
+        assert!(spec(false, layers.clone()).check().is_ok());
+        assert!(spec(true, Vec::new()).check().is_ok());
+        let refused = spec(true, layers).check().unwrap_err();
+        assert_eq!(
+            refused.code(),
+            SandboxError::BackendUnsupported(String::new()).code()
+        );
+        assert!(refused.to_string().contains("cannot start from a snapshot"));
+    }
 }

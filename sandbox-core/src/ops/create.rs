@@ -292,7 +292,12 @@ pub(crate) async fn boot_sandbox<B: Backend>(
             .collect(),
     };
     phases.layer_ms = phases.lap();
-    let booted = match plugin.backend.boot(&spec).await {
+    let booted = match async {
+        spec.check()?;
+        plugin.backend.boot(&spec).await
+    }
+    .await
+    {
         Ok(booted) => booted,
         Err(e) => {
             plugin.state.remove_layer(&plugin.backend, &layer);

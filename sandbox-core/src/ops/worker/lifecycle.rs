@@ -166,6 +166,7 @@ async fn boot<B: Backend>(
         persistent_layer: true,
         snapshot_layers: Vec::new(),
     };
+    spec.check()?;
     let booted = plugin.backend.boot(&spec).await?;
     if let Some(pid) = booted.process.pid() {
         plugin.state.record_process(&layer, pid);
