@@ -57,3 +57,41 @@ for md in files:
 print(f"check-links: {len(files)} Markdown files, {bad} broken links")
 sys.exit(1 if bad else 0)
 '
+
+# The paths the code's comments name (`egress/src/host_watch.rs`, `docs/networking.md`): each
+# under one of this repository's top-level directories must exist, relative to the repository,
+# the commenting file's directory or its crate (a file that was moved or split leaves a stale
+# pointer otherwise). Paths of other projects' trees (`cli/...`) are not ours to check.
+git ls-files -z '*.rs' '*.sh' '*.py' '.ci/*' | python3 -c '
+import os, re, sys
+tops = {entry for entry in os.listdir(".") if os.path.isdir(entry) and not entry.startswith(".")}
+tops.discard("target")
+ref = re.compile(r"(?<![\w$/.{-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_-]+\.(?:rs|md|sh|py))\b")
+bad, checked = 0, 0
+files = [f for f in sys.stdin.read().split("\0") if f]
+for f in files:
+    crate = f.split("/")[0]
+    crate = crate if os.path.exists(os.path.join(crate, "Cargo.toml")) else ""
+    for number, line in enumerate(open(f, encoding="utf-8", errors="replace"), 1):
+        text = line.strip()
+        if not text.startswith("//" if f.endswith(".rs") else "#"):
+            continue
+        for m in ref.finditer(text):
+            path = m.group(1)
+            first = path.split("/")[0]
+            if first == "..":
+                continue  # relative to where it is used (a hook in .git/hooks), not here
+            candidates = [path, os.path.join(os.path.dirname(f), path)]
+            if crate:
+                candidates.append(os.path.join(crate, path))
+            ours = first in tops or (crate and os.path.isdir(os.path.join(crate, first))) \
+                or os.path.isdir(os.path.join(os.path.dirname(f), first))
+            if not ours:
+                continue
+            checked += 1
+            if not any(os.path.exists(c) for c in candidates):
+                print(f"{f}:{number}: {path}: no such file")
+                bad += 1
+print(f"check-links: {checked} paths named in comments, {bad} missing")
+sys.exit(1 if bad else 0)
+'

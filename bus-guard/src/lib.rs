@@ -1,5 +1,5 @@
 //! The bus guard: a sandbox's WebSocket to the engine ends here, never at the engine. The
-//! guard speaks the worker protocol (`shared/PROTOCOL.md`) on both sides and passes on only
+//! guard speaks the worker protocol (`docs/contract/PROTOCOL.md`) on both sides and passes on only
 //! what the operator's [`Policy`] allows: the guest's registrations, the calls made to its
 //! functions and their results, its allowed calls and their results, `reattach`, and its
 //! channels' bytes. A refusal is answered at once in the words the SDKs understand
