@@ -126,10 +126,16 @@ pub fn register(iii: &IIIClient, plugin: &PluginInstance, prefix: &str, family: 
         };
         // iii-sdk 0.25 marks trigger types deprecated in favour of observable functions; the
         // engines our users run still bind subscribers through `registertrigger`, which is
-        // what a trigger type serves.
+        // what a trigger type serves. The variant without the runtime warning is the one
+        // iii's own trigger-providing crates use: the warning asks the reader to migrate code
+        // an operator of this adapter does not own, on every start. The SDK is pinned
+        // (`=0.25.0`), so the variant cannot change under us.
         #[allow(deprecated)]
-        let _ =
-            iii.register_trigger_type(RegisterTriggerType::new(id.clone(), DESCRIPTION, handler));
+        let _ = iii.register_trigger_type_without_warning(RegisterTriggerType::new(
+            id.clone(),
+            DESCRIPTION,
+            handler,
+        ));
         tracing::debug!(trigger_type = %id, "registered");
     }
 }
