@@ -4,10 +4,17 @@
 //! talks faster than the host's client reads is held by its own socket), one writes what
 //! the host sends to the server and acknowledges it. The last of the two to end sends
 //! `TcpClose` and forgets the stream.
+//!
+//! The socket is non-blocking and each thread waits in `poll` between its reads or writes,
+//! never inside one: with libkrun's TSI (a microVM with network) every inet socket of the
+//! guest is an AF_TSI socket whose read and write hold one lock for as long as they block, so
+//! a read waiting for the server's answer would keep the writer from sending the request the
+//! server waits for (an HTTP GET hung so).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -224,7 +231,11 @@ fn run(
     streams: &Streams,
     outbox: &Outbox,
 ) -> bool {
-    let mut socket = match connect(port) {
+    let connected = connect(port).and_then(|socket| {
+        socket.set_nonblocking(true)?;
+        Ok(socket)
+    });
+    let mut socket = match connected {
         Ok(socket) => socket,
         Err(e) => {
             let why = format!("nothing answers on port {port} of the sandbox's loopback: {e}");
@@ -281,9 +292,33 @@ fn connect(port: u16) -> std::io::Result<TcpStream> {
     }
 }
 
+/// Waits until `socket` is ready for `events` (`POLLIN`, `POLLOUT`); whether it reported a
+/// hang-up or an error. No timeout, so an idle stream costs the guest nothing: an abort shuts
+/// the socket down, which ends the wait.
+fn wait_ready(socket: &TcpStream, events: libc::c_short) -> std::io::Result<bool> {
+    let mut fd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: `fd` is one valid pollfd that outlives the call; the descriptor is `socket`'s.
+    let rc = unsafe { libc::poll(&mut fd, 1, -1) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
+}
+
 /// The server's bytes to the host within the window; its end of file as an empty `end`.
 fn read_down(id: u32, socket: &mut TcpStream, shared: &Shared, outbox: &Outbox) {
     let mut buf = vec![0u8; CHUNK_SIZE];
+    // A hang-up `poll` reported, after which a read that would block means a broken socket.
+    let mut hung_up = false;
     loop {
         let Some(room) = shared.room() else {
             return;
@@ -309,10 +344,40 @@ fn read_down(id: u32, socket: &mut TcpStream, shared: &Shared, outbox: &Outbox) 
                 let data = buf[..n].to_vec();
                 outbox.send(id, Message::TcpData { data, end: false });
             }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if hung_up || shared.flow().aborted {
+                    return shared.abort();
+                }
+                match wait_ready(socket, libc::POLLIN) {
+                    Ok(hangup) => hung_up = hangup,
+                    Err(_) => return shared.abort(),
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return shared.abort(),
         }
     }
+}
+
+/// All of `data` to the non-blocking `socket`, waiting in `poll` while it is full; an error
+/// once the stream is aborted or the socket broken.
+fn write_ready(socket: &mut TcpStream, mut data: &[u8], shared: &Shared) -> std::io::Result<()> {
+    let mut hung_up = false;
+    while !data.is_empty() {
+        match socket.write(data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if hung_up || shared.flow().aborted {
+                    return Err(std::io::ErrorKind::ConnectionAborted.into());
+                }
+                hung_up = wait_ready(socket, libc::POLLOUT)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The host's bytes to the server, each chunk acknowledged once written; the host's end as
@@ -321,7 +386,7 @@ fn write_up(id: u32, mut socket: TcpStream, shared: &Shared, up: Receiver<Up>, o
     for msg in up {
         match msg {
             Up::Data(data) => {
-                if socket.write_all(&data).is_err() {
+                if write_ready(&mut socket, &data, shared).is_err() {
                     return shared.abort();
                 }
                 let cost = flow_cost(data.len());
