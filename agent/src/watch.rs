@@ -17,6 +17,7 @@
 //! here), which the kernel enforces on the agent as on every program, and which these caps
 //! leave the larger part of to the sandbox's programs.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -437,11 +438,13 @@ impl Watcher {
         match self.add(dir.as_raw_fd(), &full, MASK | libc::IN_ONLYDIR) {
             Ok(wd) => {
                 // The same inode seen again (a bind mount) keeps its first name.
-                if self.dirs.contains_key(&wd) {
-                    self.pool.give(1);
-                } else {
-                    let rel = rel.to_string();
-                    self.dirs.insert(wd, Watched { rel });
+                match self.dirs.entry(wd) {
+                    Entry::Occupied(_) => self.pool.give(1),
+                    Entry::Vacant(slot) => {
+                        slot.insert(Watched {
+                            rel: rel.to_string(),
+                        });
+                    }
                 }
                 true
             }
