@@ -1,4 +1,5 @@
-//! iii's sandbox family end to end on the bwrap backend: a caller reaches the adapter through
+//! iii's sandbox family end to end on the bwrap backend, and on the libkrun plugin's microVMs
+//! where `SANDBOX_E2E_PLUGIN=libkrun` (the VM lab runs it so): a caller reaches the adapter through
 //! a `sandbox` router (our stand-in, `family_support`, written from the ABI), which calls
 //! `sandbox::provider::<name>::*`. The whole ABI v0 flow (create, exec with args, cwd and env,
 //! list, fs write and read of binary bytes with a mode, snapshot and a create from it, branch,
@@ -19,8 +20,24 @@ use serde_json::{json, Value};
 
 const FAMILY_NAME_ENV: &str = "SANDBOX_LIBKRUN_FAMILY_NAME";
 
+/// Whether the libkrun plugin's microVMs are under test (`SANDBOX_E2E_PLUGIN=libkrun`, as
+/// the VM lab runs this file): the same flow, every sandbox a microVM.
+fn libkrun_under_test() -> bool {
+    std::env::var("SANDBOX_E2E_PLUGIN").is_ok_and(|p| p == "libkrun")
+}
+
+/// Whether `test` can run here: bwrap where it is usable (else it says it did not run); the
+/// libkrun plugin must boot where it is the plugin under test, never skip.
+fn usable(test: &str) -> bool {
+    libkrun_under_test() || bwrap_usable(test)
+}
+
 fn options(family_name: Option<&str>) -> AdapterOptions {
     let mut options = AdapterOptions::default();
+    if libkrun_under_test() {
+        options.plugin = e2e_tests::PluginKind::Libkrun;
+        options.prefix = None;
+    }
     if let Some(name) = family_name {
         options.env.push((FAMILY_NAME_ENV.into(), name.into()));
     }
@@ -101,12 +118,15 @@ async fn read_bytes(stack: &Stack, id: &str, path: &str) -> Vec<u8> {
         .expect("base64")
 }
 
-/// `GET path` of `url` (`http://host:port`), retried for 20 s while the server starts.
+/// `GET path` of `url` (`http://host:port`), retried for 20 s while the server starts (five
+/// times as long on libkrun: the VM lab's microVMs run under emulation).
 async fn http_get(url: &str, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let address = url.trim_start_matches("http://").trim_end_matches('/');
     let mut last = String::new();
-    for _ in 0..200 {
+    let wait = Duration::from_secs(if libkrun_under_test() { 100 } else { 20 });
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
         match tokio::net::TcpStream::connect(address).await {
             Ok(mut stream) => {
                 let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
@@ -127,7 +147,7 @@ async fn http_get(url: &str, path: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_abi_flow_through_the_router() {
-    if !bwrap_usable("the_abi_flow_through_the_router") {
+    if !usable("the_abi_flow_through_the_router") {
         return;
     }
     let stack = Stack::start(json!({}), options(None)).await;
@@ -365,10 +385,12 @@ async fn the_abi_flow_through_the_router() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_reaches_it_through_the_router() {
     let test = "the_official_python_sdk_reaches_it_through_the_router";
-    if !bwrap_usable(test) {
+    if !usable(test) {
         return;
     }
-    let sdk = match e2e_tests::python_sdk() {
+    // The VM lab has no network: its run brings the SDK installed on the host.
+    let installed = std::env::var_os("SANDBOX_E2E_PYSDK_DIR").map(std::path::PathBuf::from);
+    let sdk = match installed.map_or_else(e2e_tests::python_sdk, Ok) {
         Ok(dir) => dir,
         Err(why) => {
             println!("\n*** {test} DID NOT RUN: {why} ***\n");
