@@ -16,7 +16,11 @@
 #                                             DNS and name tests, the code runner's flow, and
 #                                             preview URLs (expose.rs; LAB_EXPOSE=0 leaves
 #                                             them out, LAB_NETWORK=0 LAB_BUS=0 runs them alone,
-#                                             LAB_EXPOSE_TESTS="word" only those tests)
+#                                             LAB_EXPOSE_TESTS="word" only those tests), the
+#                                             boundary following the host's addresses and the
+#                                             link test (host_addresses.rs; LAB_HOST_ADDRESSES=0
+#                                             leaves them out) and the family flow (family.rs;
+#                                             LAB_FAMILY=0 leaves it out)
 #   LAB_SUITE=more LAB_NETWORK=0 LAB_BUS=0 LAB_EXPOSE=0 tests/vm-lab/libkrun-e2e.sh
 #                                             only the bus guard's attacks from microVMs
 #                                             (bus_guard_attacks.rs, in the "more" suite;
@@ -82,11 +86,19 @@ snapshots_bin=$(grep -o '"executable":"[^"]*/snapshots-[0-9a-f]*"' <<<"$snapshot
 expose_json=$(cargo test -p e2e-tests --test expose --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test expose --no-run; exit 1; }
 expose_bin=$(grep -o '"executable":"[^"]*/expose-[0-9a-f]*"' <<<"$expose_json" | tail -1 | cut -d'"' -f4)
+# The boundary following the host's addresses, and no link of ours (host_addresses.rs), and
+# the sandbox family's flow through a router stand-in (family.rs), on microVMs.
+hosts_json=$(cargo test -p e2e-tests --test host_addresses --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test host_addresses --no-run; exit 1; }
+hosts_bin=$(grep -o '"executable":"[^"]*/host_addresses-[0-9a-f]*"' <<<"$hosts_json" | tail -1 | cut -d'"' -f4)
+family_json=$(cargo test -p e2e-tests --test family --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test family --no-run; exit 1; }
+family_bin=$(grep -o '"executable":"[^"]*/family-[0-9a-f]*"' <<<"$family_json" | tail -1 | cut -d'"' -f4)
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$profile/sandbox-libkrun" "$profile/libplugin_libkrun.so" \
-  "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$profile/sandbox-libkrun" \
+  "$profile/libplugin_libkrun.so" "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
 done
@@ -96,7 +108,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "$suite" = ci ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
     # scripts/test.sh's archive, built in the background: its lock is free once it is made.
@@ -130,6 +142,16 @@ if FIXTURE_CACHE=$host_fixtures bash tests/fixtures/build-fixtures.sh --layouts-
   pysdk=1
 else
   log "the pysdk fixture could not be built (PyPI?): the bus guard on libkrun will say DID NOT RUN"
+fi
+# The official Python SDK for family.rs's caller, installed here (the lab has no network).
+pysdk_host=0
+if [ "$mode" = test ] && [ "$suite" = more ] && [ "${LAB_FAMILY:-1}" = 1 ]; then
+  if /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --require-hashes \
+    --only-binary=:all: --target "$scratch/pysdk-host" -r tests/fixtures/iii-sdk-py.txt >&2; then
+    pysdk_host=1
+  else
+    log "pip could not install the Python iii-sdk here: family.rs's SDK caller will say DID NOT RUN"
+  fi
 fi
 
 if [ "$mode" = measure ]; then
@@ -270,7 +292,32 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
   pass "expose on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
     /tmp/vm-lab/debug/deps/$(basename "$expose_bin") --test-threads=1 --nocapture ${LAB_EXPOSE_TESTS:-}
 fi
-# The "more" suite runs the network, bus, bus attack and expose passes above only.
+if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_HOST_ADDRESSES:-1}" != 1 ]; then
+  echo "[lab] the host's addresses and links on libkrun DID NOT RUN: LAB_HOST_ADDRESSES is not 1"
+elif [ "$suite" = more ] && [ "$mode" = test ]; then
+  # An address the host gains while microVMs run is refused to their guests (TSI makes their
+  # connections the runner's, judged in its namespace) and released once gone; an AnyIP
+  # prefix likewise; no link of ours on libkrun (as root: the test numbers the host). The
+  # policy-routing table's test is about the choice of a gate's link, which libkrun has not.
+  echo "[lab] the host's addresses and links on microVMs (host_addresses.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
+  pass "host addresses on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun \
+    /tmp/vm-lab/debug/deps/$(basename "$hosts_bin") --skip a_link_avoids_a_route_of_a_policy_routing_table \
+    --test-threads=1 --nocapture ${LAB_HOST_ADDRESSES_TESTS:-}
+fi
+if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_FAMILY:-1}" != 1 ]; then
+  echo "[lab] the family flow on libkrun DID NOT RUN: LAB_FAMILY is not 1"
+elif [ "$suite" = more ] && [ "$mode" = test ]; then
+  # iii's sandbox family through a router stand-in on microVMs: create, exec, list, fs,
+  # snapshot and a create from it, branch, expose_port, stop; and the official Python SDK.
+  echo "[lab] the sandbox family's flow on microVMs (family.rs, SANDBOX_E2E_PLUGIN=libkrun)"
+  pysdk_dir=""
+  [ "$pysdk_host" != 1 ] || pysdk_dir=/tmp/vm-lab/pysdk-host
+  pass "family on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
+    \${pysdk_dir:+SANDBOX_E2E_PYSDK_DIR=\$pysdk_dir} \
+    /tmp/vm-lab/debug/deps/$(basename "$family_bin") --test-threads=1 --nocapture ${LAB_FAMILY_TESTS:-}
+fi
+# The "more" suite runs the network, bus, bus attack, expose, host address and family passes
+# above only.
 if [ "$suite" = ci ]; then
   if [ "$mode" = test ] && [ "${LAB_SNAPSHOTS:-1}" != 1 ]; then
     echo "[lab] snapshots on libkrun DID NOT RUN: LAB_SNAPSHOTS is not 1"
