@@ -56,7 +56,9 @@ impl WatchWaiter {
         }
         if let Some(started) = self.started.take() {
             if !batch.events.is_empty() {
-                return Err("the agent's first watch batch was not empty".into());
+                let why = "the agent's first watch batch was not empty".to_string();
+                drop(started.send(Err(AgentError::Unexpected(why.clone()))));
+                return Err(why);
             }
             drop(started.send(Ok(batch.watched)));
             return Ok(());
@@ -83,7 +85,11 @@ impl WatchWaiter {
     }
 
     pub(crate) fn fail(self, err: AgentError) {
-        self.shared.over.store(true, Ordering::SeqCst);
+        // An agent that broke the watch's rules still runs it: the stream's drop stops it
+        // there. Any other failure (a refusal, the link gone) leaves nothing to stop.
+        if !matches!(err, AgentError::Unexpected(_)) {
+            self.shared.over.store(true, Ordering::SeqCst);
+        }
         if let Some(started) = self.started {
             drop(started.send(Err(err)));
         }
@@ -182,5 +188,171 @@ impl AgentClient {
             Err(_) => return Err(AgentError::Unresponsive { id }),
         };
         Ok((stream, watched))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{duplex, split, DuplexStream, ReadHalf, WriteHalf};
+
+    use super::super::io::{read_frame, write_frame};
+    use super::*;
+    use crate::{Frame, Hello, Kind, WatchEvent, WatchKind};
+
+    /// A scripted agent over an in-memory pipe.
+    struct Fake {
+        reader: ReadHalf<DuplexStream>,
+        writer: WriteHalf<DuplexStream>,
+    }
+
+    impl Fake {
+        async fn send(&mut self, id: u32, msg: Message) {
+            let frame = msg.into_frame(id).expect("encodes");
+            write_frame(&mut self.writer, &frame).await.expect("write");
+        }
+        async fn recv(&mut self) -> Frame {
+            read_frame(&mut self.reader).await.expect("frame")
+        }
+    }
+
+    async fn pair() -> (AgentClient, Fake) {
+        let (host_end, agent_end) = duplex(4 * 1024 * 1024);
+        let (hr, hw) = split(host_end);
+        let (ar, aw) = split(agent_end);
+        let mut fake = Fake {
+            reader: ar,
+            writer: aw,
+        };
+        let hello = Hello::new("fake").with_features(&[FEATURE_FS_WATCH]);
+        fake.send(0, Message::Hello(hello)).await;
+        let client = AgentClient::connect(hr, hw).await.expect("connects");
+        assert_eq!(fake.recv().await.kind, Kind::Hello);
+        (client, fake)
+    }
+
+    fn request() -> WatchRequest {
+        WatchRequest {
+            path: "/w".into(),
+            recursive: false,
+            max_dirs: 1,
+        }
+    }
+
+    fn batch(events: usize) -> Message {
+        let event = WatchEvent {
+            kind: WatchKind::Created,
+            path: "a".into(),
+            is_dir: false,
+            from: None,
+        };
+        Message::WatchEvents(WatchBatch {
+            events: vec![event; events],
+            watched: 1,
+        })
+    }
+
+    /// Starts a watch against the fake, which answers ready; the watch's id.
+    async fn started(client: &AgentClient, fake: &mut Fake) -> (WatchStream, u32) {
+        let start = client.watch(request());
+        let answer = async {
+            let frame = fake.recv().await;
+            assert_eq!(frame.kind, Kind::WatchStart);
+            fake.send(frame.id, batch(0)).await;
+            frame.id
+        };
+        let (stream, id) = tokio::join!(start, answer);
+        let (stream, watched) = stream.expect("started");
+        assert_eq!(watched, 1);
+        (stream, id)
+    }
+
+    #[tokio::test]
+    async fn batches_past_the_window_end_the_watch_and_its_drop_stops_it() {
+        let (client, mut fake) = pair().await;
+        let (mut stream, id) = started(&client, &mut fake).await;
+        for _ in 0..=WATCH_WINDOW {
+            fake.send(id, batch(1)).await;
+        }
+        let mut got = 0;
+        while let Some(item) = stream.recv().await {
+            assert!(matches!(item, WatchItem::Batch(_)));
+            got += 1;
+        }
+        assert_eq!(
+            got, WATCH_WINDOW,
+            "the batch past the window is not passed on"
+        );
+        drop(stream);
+        let stop = fake.recv().await;
+        assert_eq!((stop.id, stop.kind), (id, Kind::WatchStop));
+        // The link itself is fine.
+        assert!(!client.is_closed());
+    }
+
+    #[tokio::test]
+    async fn an_oversized_batch_or_a_late_first_event_ends_the_watch() {
+        let (client, mut fake) = pair().await;
+        let (mut stream, id) = started(&client, &mut fake).await;
+        fake.send(id, batch(MAX_BATCH_EVENTS + 1)).await;
+        assert_eq!(stream.recv().await, None);
+        drop(stream);
+        let stop = fake.recv().await;
+        assert_eq!((stop.id, stop.kind), (id, Kind::WatchStop));
+        // A first batch that is not empty is no ready answer.
+        let start = client.watch(request());
+        let answer = async {
+            let frame = fake.recv().await;
+            fake.send(frame.id, batch(1)).await;
+        };
+        let (refused, ()) = tokio::join!(start, answer);
+        assert!(matches!(refused, Err(AgentError::Unexpected(_))));
+        // And it is stopped there.
+        assert_eq!(fake.recv().await.kind, Kind::WatchStop);
+    }
+
+    #[tokio::test]
+    async fn acks_and_the_end_pass_and_an_error_end_is_the_fs_error() {
+        let (client, mut fake) = pair().await;
+        let (mut stream, id) = started(&client, &mut fake).await;
+        fake.send(id, batch(2)).await;
+        assert!(matches!(stream.recv().await, Some(WatchItem::Batch(b)) if b.events.len() == 2));
+        stream.passed_on().await.unwrap();
+        let ack = fake.recv().await;
+        assert_eq!((ack.id, ack.kind), (id, Kind::WatchAck));
+        fake.send(id, Message::WatchEnd(WatchEnd { error: None }))
+            .await;
+        assert_eq!(
+            stream.recv().await,
+            Some(WatchItem::End(WatchEnd { error: None }))
+        );
+        assert_eq!(stream.recv().await, None);
+        let start = client.watch(request());
+        let answer = async {
+            let frame = fake.recv().await;
+            let error = crate::FsError::new(crate::FsErrorCode::NotFound, "/w: gone");
+            let end = WatchEnd { error: Some(error) };
+            fake.send(frame.id, Message::WatchEnd(end)).await;
+        };
+        let (refused, ()) = tokio::join!(start, answer);
+        assert!(
+            matches!(&refused, Err(AgentError::Fs(e)) if e.code == crate::FsErrorCode::NotFound),
+            "{:?}",
+            refused.err()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_the_feature_is_never_sent_a_watch() {
+        let (host_end, agent_end) = duplex(64 * 1024);
+        let (hr, hw) = split(host_end);
+        let (ar, aw) = split(agent_end);
+        let mut fake = Fake {
+            reader: ar,
+            writer: aw,
+        };
+        fake.send(0, Message::Hello(Hello::new("old"))).await;
+        let client = AgentClient::connect(hr, hw).await.expect("connects");
+        let refused = client.watch(request()).await;
+        assert!(matches!(refused, Err(AgentError::Unsupported(_))));
     }
 }
