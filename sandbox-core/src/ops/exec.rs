@@ -75,7 +75,7 @@ pub async fn exec<B: Backend>(
         return background(plugin, id, input).await;
     }
     let (sandbox, _call) = plugin.registry.begin_exec(id)?;
-    crate::ops::pause::wake(&sandbox).await?;
+    crate::ops::pause::wake(&sandbox, &plugin.events).await?;
     plugin
         .events
         .exec(sandbox.id, run_in(plugin, &sandbox, input))
@@ -99,7 +99,7 @@ async fn background<B: Backend>(
         ));
     }
     let (sandbox, _call) = plugin.registry.begin_call(id)?;
-    crate::ops::pause::wake(&sandbox).await?;
+    crate::ops::pause::wake(&sandbox, &plugin.events).await?;
     let (mut spec, _) = spec_for(plugin, &sandbox, input)?;
     spec.timeout_ms = 0;
     crate::ops::process::start(&sandbox, spec).await

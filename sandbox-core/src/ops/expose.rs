@@ -228,7 +228,7 @@ async fn expose<B: Backend>(
             "the sandbox's agent predates exposed ports; start a new sandbox".into(),
         ));
     }
-    crate::ops::pause::wake(&sandbox).await?;
+    crate::ops::pause::wake(&sandbox, &plugin.events).await?;
     if let Some((url, host_port)) = sandbox.exposures.existing(port) {
         return Ok(answer(url, port, host_port));
     }

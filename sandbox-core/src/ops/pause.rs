@@ -81,12 +81,13 @@ fn on_backend(backend: &str, error: SandboxError) -> SandboxError {
 
 /// Resumes a paused sandbox before a call works in it (`exec`, `fs::*`), as E2B's
 /// auto-resume does; nothing to do on a running one.
-pub async fn wake(sandbox: &Sandbox) -> Result<(), SandboxError> {
+pub async fn wake(sandbox: &Sandbox, events: &crate::events::Events) -> Result<(), SandboxError> {
     if !sandbox.is_paused() {
         return Ok(());
     }
     tracing::info!(sandbox_id = %sandbox.id, "a call on the paused sandbox resumes it");
     sandbox.resume().await?;
     sandbox.exposures.allow();
+    events.emit(|| crate::events::Event::resumed(sandbox.id));
     Ok(())
 }

@@ -159,7 +159,7 @@ pub async fn dispatch<B: Backend>(
     let request: ProcessRequest = parse(payload)?;
     let id = sandbox_id(&request.sandbox_id)?;
     let (sandbox, _call) = plugin.registry.begin_call(id)?;
-    crate::ops::pause::wake(&sandbox).await?;
+    crate::ops::pause::wake(&sandbox, &plugin.events).await?;
     let process_id = || {
         request.process_id.ok_or_else(|| {
             SandboxError::InvalidRequest("`process_id` is required (from exec's answer)".into())

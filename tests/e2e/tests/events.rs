@@ -521,3 +521,49 @@ async fn worker_vms_starting_and_exiting_are_events() {
     assert_eq!(seen[1]["stop_requested"], false, "{seen:?}");
     worker_support::worker_ok(&stack, "destroy", json!({ "vm_id": vm_id })).await;
 }
+
+/// A call that wakes a paused sandbox (here an exec) is a `resumed` event, as `resume` is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_wakes_a_paused_sandbox_is_a_resumed_event() {
+    let test = "a_call_that_wakes_a_paused_sandbox_is_a_resumed_event";
+    let Some(sdk) = python_sdk(test) else {
+        return;
+    };
+    let stack = Stack::start(json!({}), AdapterOptions::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all = Subscriber::start(
+        &stack,
+        &sdk,
+        dir.path(),
+        "pauses",
+        json!({"kinds": ["paused", "resumed"]}),
+        0.0,
+    )
+    .await;
+    wait_subscribers(&stack, 1).await;
+    let id = create(&stack, "python", json!({})).await;
+    match stack.call("pause", json!({"sandbox_id": id})).await {
+        Ok(_) => {}
+        Err(e) if e2e_tests::s_code(&e) == "S310" && e2e_tests::adapter_user().is_some() => {
+            println!(
+                "\n*** {test} DID NOT RUN past S310: this ordinary user's adapter has no \
+                 cgroup freezer ***\n"
+            );
+            return;
+        }
+        Err(e) => panic!("pause: {e:?}\n{}", stack.adapter.log()),
+    }
+    exec_ok(&stack, &id, json!({"argv": ["true"]})).await;
+    let arrived = eventually(ARRIVE_WITHIN, || async {
+        of_sandbox(&all.events(), &id).len() >= 2
+    })
+    .await;
+    let events = all.events();
+    assert!(arrived, "events: {events:?}\n{}", stack.adapter.log());
+    assert_eq!(
+        kinds(&of_sandbox(&events, &id)),
+        ["paused", "resumed"],
+        "{events:?}"
+    );
+    stop(&stack, &id, true).await;
+}

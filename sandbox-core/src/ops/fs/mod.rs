@@ -56,7 +56,7 @@ async fn begin<B: Backend>(
 ) -> Result<(Arc<Sandbox>, CallGuard), SandboxError> {
     let id = sandbox_id(id)?;
     let (sandbox, call) = plugin.registry.begin_call(id)?;
-    crate::ops::pause::wake(&sandbox).await?;
+    crate::ops::pause::wake(&sandbox, &plugin.events).await?;
     Ok((sandbox, call))
 }
 
