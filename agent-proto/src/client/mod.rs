@@ -3,9 +3,9 @@
 //! stream breaks, every call in flight fails at once with `ConnectionLost`.
 
 mod flow;
+pub mod fswatch;
 mod io;
 pub mod tcp;
-pub mod fswatch;
 #[cfg(test)]
 mod tests;
 mod waiters;
@@ -24,8 +24,8 @@ use crate::{
     FEATURE_PROCESSES, PROTOCOL_VERSION,
 };
 pub use flow::{FlowExec, FlowExit, FlowHandle};
-pub use tcp::{TcpEvent, TcpReader, TcpWriter};
 pub use fswatch::{WatchItem, WatchStream};
+pub use tcp::{TcpEvent, TcpReader, TcpWriter};
 use waiters::{ExecWaiter, FsWaiter, ProcWaiter, StreamWaiter, Waiter, Waiters};
 
 /// Extra time past an exec's own timeout before the client stops waiting for the agent.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::client::flow::FlowState;
-use crate::client::tcp::TcpEvent;
 use crate::client::fswatch::WatchWaiter;
+use crate::client::tcp::TcpEvent;
 use crate::client::{AgentError, OutputChunk};
 use crate::process::MAX_OUTPUT_PAGE;
 use crate::{ExecExit, ExecOutcome, FsReply, FsResponse, Message, ProcReply};
