@@ -46,6 +46,10 @@ case "$suite" in ci|more) ;; *) log "LAB_SUITE must be ci or more, not $suite"; 
 # Who the network tests run the adapter as: root and the ordinary user in CI, root in `more`.
 network_users='"" iii-sandbox'
 [ "$suite" = ci ] || network_users='""'
+# Who the "more" suite's host address and family passes run the adapter as: root, then the
+# ordinary user (LAB_MORE_AS_USER=0: root only).
+more_users='"" iii-sandbox'
+[ "${LAB_MORE_AS_USER:-1}" = 1 ] || more_users='""'
 
 
 log "building the adapter, both plugins, the VM runner and the libkrun e2e test"
@@ -300,9 +304,15 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
   # prefix likewise; no link of ours on libkrun (as root: the test numbers the host). The
   # policy-routing table's test is about the choice of a gate's link, which libkrun has not.
   echo "[lab] the host's addresses and links on microVMs (host_addresses.rs, SANDBOX_E2E_NETWORK_PLUGIN=libkrun)"
-  pass "host addresses on libkrun (root)" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun \
-    /tmp/vm-lab/debug/deps/$(basename "$hosts_bin") --skip a_link_avoids_a_route_of_a_policy_routing_table \
-    --test-threads=1 --nocapture ${LAB_HOST_ADDRESSES_TESTS:-}
+  for as_user in $more_users; do
+    if [ -n "\$as_user" ] && ! id "\$as_user" >/dev/null 2>&1; then
+      echo "[lab] the host's addresses as the ordinary user DID NOT RUN: no user \$as_user"; continue
+    fi
+    pass "host addresses on libkrun (\${as_user:-root})" env SANDBOX_E2E_NETWORK_PLUGIN=libkrun \
+      \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
+      /tmp/vm-lab/debug/deps/$(basename "$hosts_bin") --skip a_link_avoids_a_route_of_a_policy_routing_table \
+      --test-threads=1 --nocapture ${LAB_HOST_ADDRESSES_TESTS:-}
+  done
 fi
 if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_FAMILY:-1}" != 1 ]; then
   echo "[lab] the family flow on libkrun DID NOT RUN: LAB_FAMILY is not 1"
@@ -312,9 +322,15 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
   echo "[lab] the sandbox family's flow on microVMs (family.rs, SANDBOX_E2E_PLUGIN=libkrun)"
   pysdk_dir=""
   [ "$pysdk_host" != 1 ] || pysdk_dir=/tmp/vm-lab/pysdk-host
-  pass "family on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
-    \${pysdk_dir:+SANDBOX_E2E_PYSDK_DIR=\$pysdk_dir} \
-    /tmp/vm-lab/debug/deps/$(basename "$family_bin") --test-threads=1 --nocapture ${LAB_FAMILY_TESTS:-}
+  for as_user in $more_users; do
+    if [ -n "\$as_user" ] && ! id "\$as_user" >/dev/null 2>&1; then
+      echo "[lab] the family flow as the ordinary user DID NOT RUN: no user \$as_user"; continue
+    fi
+    pass "family on libkrun (\${as_user:-root})" env SANDBOX_E2E_PLUGIN=libkrun \
+      \${pysdk_dir:+SANDBOX_E2E_PYSDK_DIR=\$pysdk_dir} \
+      \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
+      /tmp/vm-lab/debug/deps/$(basename "$family_bin") --test-threads=1 --nocapture ${LAB_FAMILY_TESTS:-}
+  done
 fi
 # The "more" suite runs the network, bus, bus attack, expose, host address and family passes
 # above only.
