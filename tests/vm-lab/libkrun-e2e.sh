@@ -46,8 +46,8 @@ case "$suite" in ci|more) ;; *) log "LAB_SUITE must be ci or more, not $suite"; 
 # Who the network tests run the adapter as: root and the ordinary user in CI, root in `more`.
 network_users='"" iii-sandbox'
 [ "$suite" = ci ] || network_users='""'
-# Who the "more" suite's host address and family passes run the adapter as: root, then the
-# ordinary user (LAB_MORE_AS_USER=0: root only).
+# Who the "more" suite's expose, host address and family passes run the adapter as: root,
+# then the ordinary user (LAB_MORE_AS_USER=0: root only).
 more_users='"" iii-sandbox'
 [ "${LAB_MORE_AS_USER:-1}" = 1 ] || more_users='""'
 
@@ -293,8 +293,14 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
   # the URL closed by port::close, pause and stop; a Chromium screenshot (the host's, through
   # the shared root) and the benchmark. The two tests take turns (they share one lock).
   echo "[lab] preview URLs of microVM sandboxes (expose.rs, SANDBOX_E2E_PLUGIN=libkrun)"
-  pass "expose on libkrun (root)" env SANDBOX_E2E_PLUGIN=libkrun \
-    /tmp/vm-lab/debug/deps/$(basename "$expose_bin") --test-threads=1 --nocapture ${LAB_EXPOSE_TESTS:-}
+  for as_user in $more_users; do
+    if [ -n "\$as_user" ] && ! id "\$as_user" >/dev/null 2>&1; then
+      echo "[lab] preview URLs as the ordinary user DID NOT RUN: no user \$as_user"; continue
+    fi
+    pass "expose on libkrun (\${as_user:-root})" env SANDBOX_E2E_PLUGIN=libkrun \
+      \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
+      /tmp/vm-lab/debug/deps/$(basename "$expose_bin") --test-threads=1 --nocapture ${LAB_EXPOSE_TESTS:-}
+  done
 fi
 if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_HOST_ADDRESSES:-1}" != 1 ]; then
   echo "[lab] the host's addresses and links on libkrun DID NOT RUN: LAB_HOST_ADDRESSES is not 1"
