@@ -19,8 +19,10 @@
 #                                             LAB_EXPOSE_TESTS="word" only those tests), the
 #                                             boundary following the host's addresses and the
 #                                             link test (host_addresses.rs; LAB_HOST_ADDRESSES=0
-#                                             leaves them out) and the family flow (family.rs;
-#                                             LAB_FAMILY=0 leaves it out)
+#                                             leaves them out), the family flow (family.rs;
+#                                             LAB_FAMILY=0 leaves it out) and a guest's
+#                                             mountinfo (escape.rs; LAB_MOUNTINFO=0 leaves it
+#                                             out)
 #   LAB_SUITE=more LAB_NETWORK=0 LAB_BUS=0 LAB_EXPOSE=0 tests/vm-lab/libkrun-e2e.sh
 #                                             only the bus guard's attacks from microVMs
 #                                             (bus_guard_attacks.rs, in the "more" suite;
@@ -98,10 +100,14 @@ hosts_bin=$(grep -o '"executable":"[^"]*/host_addresses-[0-9a-f]*"' <<<"$hosts_j
 family_json=$(cargo test -p e2e-tests --test family --no-run --message-format=json 2>/dev/null) \
   || { cargo test -p e2e-tests --test family --no-run; exit 1; }
 family_bin=$(grep -o '"executable":"[^"]*/family-[0-9a-f]*"' <<<"$family_json" | tail -1 | cut -d'"' -f4)
+# A guest's mountinfo names nothing of the host (escape.rs), on microVMs.
+escape_json=$(cargo test -p e2e-tests --test escape --no-run --message-format=json 2>/dev/null) \
+  || { cargo test -p e2e-tests --test escape --no-run; exit 1; }
+escape_bin=$(grep -o '"executable":"[^"]*/escape-[0-9a-f]*"' <<<"$escape_json" | tail -1 | cut -d'"' -f4)
 profile=$(dirname "$(dirname "$test_bin")")
 agent=${SANDBOX_AGENT_PATH:-}
 if [ -z "$agent" ]; then agent=$(sh "$repo/agent/build-static.sh"); fi
-for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$profile/sandbox-libkrun" \
+for f in "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$escape_bin" "$profile/sandbox-libkrun" \
   "$profile/libplugin_libkrun.so" "$profile/libplugin_bwrap.so" "$profile/sandbox-bwrap-launch" "$profile/sandbox-libkrun-vm" \
   "$agent"; do
   [ -f "$f" ] || { log "missing build output: $f"; exit 1; }
@@ -112,7 +118,7 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debug/deps" "$scratch/fixtures"
-cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$scratch/debug/deps/"
+cp "$test_bin" "$install_bin" "$network_bin" "$posture_bin" "$bus_bin" "$attacks_bin" "$snapshots_bin" "$expose_bin" "$hosts_bin" "$family_bin" "$escape_bin" "$scratch/debug/deps/"
 if [ "$mode" = test ] && [ "$suite" = ci ] && [ "${LAB_INSTALL:-1}" = 1 ]; then
   if [ -n "${SANDBOX_RELEASE_DIR:-}" ]; then
     # scripts/test.sh's archive, built in the background: its lock is free once it is made.
@@ -318,6 +324,22 @@ elif [ "$suite" = more ] && [ "$mode" = test ]; then
       \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
       /tmp/vm-lab/debug/deps/$(basename "$hosts_bin") --skip a_link_avoids_a_route_of_a_policy_routing_table \
       --test-threads=1 --nocapture ${LAB_HOST_ADDRESSES_TESTS:-}
+  done
+fi
+if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_MOUNTINFO:-1}" != 1 ]; then
+  echo "[lab] a guest's mountinfo on libkrun DID NOT RUN: LAB_MOUNTINFO is not 1"
+elif [ "$suite" = more ] && [ "$mode" = test ]; then
+  # A guest's kernel sees its virtio-fs shares by tag: its mountinfo names no path of the
+  # host (the adapter's state, cache, home, binaries), with and without network.
+  echo "[lab] a guest's mountinfo on microVMs (escape.rs, SANDBOX_E2E_PLUGIN=libkrun)"
+  for as_user in $more_users; do
+    if [ -n "\$as_user" ] && ! id "\$as_user" >/dev/null 2>&1; then
+      echo "[lab] a guest's mountinfo as the ordinary user DID NOT RUN: no user \$as_user"; continue
+    fi
+    pass "mountinfo on libkrun (\${as_user:-root})" env SANDBOX_E2E_PLUGIN=libkrun \
+      \${as_user:+SANDBOX_E2E_ADAPTER_USER=\$as_user SANDBOX_E2E_BIN_DIR=/tmp/vm-lab/debug} \
+      /tmp/vm-lab/debug/deps/$(basename "$escape_bin") --exact a_sandbox_mountinfo_names_no_host_path \
+      --test-threads=1 --nocapture
   done
 fi
 if [ "$suite" = more ] && [ "$mode" = test ] && [ "${LAB_FAMILY:-1}" != 1 ]; then
