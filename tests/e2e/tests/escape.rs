@@ -153,9 +153,33 @@ async fn a_sandbox_mountinfo_names_no_host_path() {
             assert!(path.len() > 1, "{path} is too short to look for");
             let named: Vec<&str> = mountinfo
                 .lines()
-                .filter(|line| line.contains(&path))
+                .filter(|line| names_path(line, &path))
                 .collect();
             assert!(named.is_empty(), "mountinfo names {path}: {named:#?}");
         }
     }
+}
+
+/// Whether a mountinfo line names `path` or a path below it, in any field or mount option
+/// (`lowerdir=/a:/b`): as a whole path, so `/dev/root` (a virtio-fs tag) is not `/root`.
+fn names_path(line: &str, path: &str) -> bool {
+    let below = format!("{path}/");
+    line.split(|c: char| c.is_whitespace() || matches!(c, ',' | '=' | ':'))
+        .any(|word| word == path || word.starts_with(&below))
+}
+
+#[test]
+fn a_path_is_named_whole() {
+    let overlay = "131 71 0:41 / / rw - overlay overlay rw,lowerdir=/srv/a/lower:/x,upperdir=/y";
+    assert!(names_path(overlay, "/srv/a"));
+    assert!(names_path(overlay, "/x"));
+    assert!(!names_path(overlay, "/srv/ab"));
+    assert!(!names_path(
+        "21 1 0:20 / / rw - virtiofs /dev/root rw",
+        "/root"
+    ));
+    assert!(names_path(
+        "143 131 0:40 /root/agent /.iii-agent ro - tmpfs",
+        "/root"
+    ));
 }
