@@ -754,6 +754,7 @@ async fn bench(options: Options) -> BenchResult<()> {
         }
     }
     let download = download_rows(&stack, rounds).await?;
+    let preview = preview_row(&stack, n).await?;
     let snapshots = snapshot_rows(&stack, n, rounds).await;
     drop(baselines);
     drop(stack);
@@ -870,6 +871,7 @@ async fn bench(options: Options) -> BenchResult<()> {
         .note("the gate (a namespace and a veth pair behind the sandbox), its nftables policy, pasta and its readiness wait"),
     ];
     rows.extend(download);
+    rows.push(preview);
     rows.extend(snapshots);
     rows.extend(bus);
     rows.push(
@@ -1246,6 +1248,97 @@ async fn download_rows(stack: &Stack, rounds: usize) -> BenchResult<Vec<Row>> {
     .note(format!(
         "through pasta, {rounds} rounds, each timed inside python3"
     ))])
+}
+
+/// A GET through a preview URL (`port::expose`: the host's listener relays the connection
+/// over the agent link to the server in the sandbox) against the same server on the host.
+async fn preview_row(stack: &Stack, n: usize) -> BenchResult<Row> {
+    const WHAT: &str = "a GET through a preview URL (port::expose)";
+    let server = |port: u16| -> Vec<String> {
+        [
+            "python3",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let id = stack.create().await?;
+    stack
+        .call(
+            "exec",
+            json!({"sandbox_id": id, "argv": server(8000), "background": true}),
+        )
+        .await?;
+    let host_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let argv = server(host_port);
+    let mut host_server = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the host's server: {e}"))?;
+    let exposed = stack
+        .call("port::expose", json!({"sandbox_id": id, "port": 8000}))
+        .await?;
+    let url = exposed["url"]
+        .as_str()
+        .ok_or_else(|| format!("port::expose answered {exposed}"))?
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let host = format!("127.0.0.1:{host_port}");
+    // Both servers answer before anything is timed (they start in the background).
+    let get = |addr: &str| -> Result<(), String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"GET / HTTP/1.0\r\nHost: bench\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).map_err(|e| e.to_string())?;
+        if answer.starts_with(b"HTTP/1.0 200") {
+            Ok(())
+        } else {
+            Err(format!(
+                "{addr} answered {:?}",
+                String::from_utf8_lossy(&answer)
+            ))
+        }
+    };
+    let ready = Instant::now();
+    while get(&url).is_err() || get(&host).is_err() {
+        if ready.elapsed() > Duration::from_secs(30) {
+            let _ = host_server.kill();
+            return Err(format!("a server did not answer: {url} {host}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let start = Instant::now();
+        get(&url)?;
+        ours.push(start.elapsed());
+        let start = Instant::now();
+        get(&host)?;
+        theirs.push(start.elapsed());
+    }
+    let _ = host_server.kill();
+    let _ = host_server.wait();
+    stack.stop(&id).await?;
+    Ok(Row::timed(
+        WHAT,
+        ms_all(&ours),
+        "the same server (python3 -m http.server) on the host",
+        ms_all(&theirs),
+    )
+    .note("a new connection per GET, interleaved; the URL's listener is the adapter's"))
 }
 
 /// The namespace, its veth and the server; removed when dropped.
