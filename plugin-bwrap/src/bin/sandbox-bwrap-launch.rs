@@ -298,14 +298,7 @@ fn stage(
         .iter()
         .map(|layer| idmap_mount::plain_clone(Path::new(layer)))
         .collect::<std::io::Result<Vec<_>>>()?;
-    let program = args
-        .iter()
-        .skip_while(|arg| !matches!(arg, Arg::Plain(a) if a == "--"))
-        .nth(1);
-    let program = match program {
-        Some(Arg::Plain(program)) => Some(program.clone()),
-        _ => None,
-    };
+    let program = program_of(&args);
     let mut binds = Vec::new();
     for arg in &args {
         match arg {
@@ -432,14 +425,7 @@ const FILES_DIR: &str = "launch-files";
 /// directory is inside the FUSE disk), in this private namespace only.
 fn stage_files(command: &LaunchCommand, args: &[String]) -> std::io::Result<Vec<String>> {
     let mut args = parse_args(args);
-    let program = args
-        .iter()
-        .skip_while(|arg| !matches!(arg, Arg::Plain(a) if a == "--"))
-        .nth(1);
-    let program = match program {
-        Some(Arg::Plain(program)) => Some(program.clone()),
-        _ => None,
-    };
+    let program = program_of(&args);
     let mut copies = Vec::new();
     for (index, arg) in args.iter().enumerate() {
         if let Arg::Bind { flag, source, dest } = arg {
@@ -480,6 +466,18 @@ fn stage_files(command: &LaunchCommand, args: &[String]) -> std::io::Result<Vec<
         }
     }
     Ok(render_args(args))
+}
+
+/// The program bwrap runs (the agent): the first argument after `--`.
+fn program_of(args: &[Arg]) -> Option<String> {
+    match args
+        .iter()
+        .skip_while(|arg| !matches!(arg, Arg::Plain(a) if a == "--"))
+        .nth(1)
+    {
+        Some(Arg::Plain(program)) => Some(program.clone()),
+        _ => None,
+    }
 }
 
 /// What one bind's source becomes on the stage.

@@ -126,50 +126,20 @@ async fn a_sandbox_mountinfo_names_no_host_path() {
     } else {
         Stack::bwrap().await
     };
-    let home = match e2e_tests::adapter_user() {
-        Some(user) => user.home,
-        None => std::env::var_os("HOME").map_or_else(|| "/root".into(), Into::into),
-    };
-    let agent = e2e_tests::agent_bin();
-    let host_paths = [
-        stack.state_dir.path().to_path_buf(),
-        e2e_tests::shared_cache_dir(),
-        home,
-        e2e_tests::bin_dir(),
-        agent.clone(),
-        agent
-            .parent()
-            .expect("the agent is in a directory")
-            .to_path_buf(),
-    ];
     for network in [false, true] {
         let id = create(&stack, "python", json!({ "network": network })).await;
         let answer = exec_ok(&stack, &id, json!({"cmd": "cat /proc/self/mountinfo"})).await;
         let mountinfo = stdout(&answer);
         println!("mountinfo of a sandbox with network {network}:\n{mountinfo}");
         assert!(mountinfo.contains(" / / "), "no root in {mountinfo}");
-        for path in &host_paths {
-            let path = path.display().to_string();
-            assert!(path.len() > 1, "{path} is too short to look for");
-            let named: Vec<&str> = mountinfo
-                .lines()
-                .filter(|line| names_path(line, &path))
-                .collect();
-            assert!(named.is_empty(), "mountinfo names {path}: {named:#?}");
-        }
+        let named = sandbox_support::lines_naming_host_paths(&stack, mountinfo);
+        assert!(named.is_empty(), "mountinfo names host paths: {named:#?}");
     }
-}
-
-/// Whether a mountinfo line names `path` or a path below it, in any field or mount option
-/// (`lowerdir=/a:/b`): as a whole path, so `/dev/root` (a virtio-fs tag) is not `/root`.
-fn names_path(line: &str, path: &str) -> bool {
-    let below = format!("{path}/");
-    line.split(|c: char| c.is_whitespace() || matches!(c, ',' | '=' | ':'))
-        .any(|word| word == path || word.starts_with(&below))
 }
 
 #[test]
 fn a_path_is_named_whole() {
+    use sandbox_support::names_path;
     let overlay = "131 71 0:41 / / rw - overlay overlay rw,lowerdir=/srv/a/lower:/x,upperdir=/y";
     assert!(names_path(overlay, "/srv/a"));
     assert!(names_path(overlay, "/x"));

@@ -224,6 +224,19 @@ fn libkrun_under_test() -> bool {
     std::env::var("SANDBOX_E2E_NETWORK_PLUGIN").is_ok_and(|p| p == "libkrun")
 }
 
+/// Whether `test` can run: as root (it numbers the host), with iproute2, nsenter, nft and
+/// pasta, on a plugin `plugin_usable` accepts; else it says it did not run.
+fn can_run(test: &str, plugin_usable: fn(&str) -> bool) -> bool {
+    let tools = ["ip", "nsenter", "nft", "pasta"]
+        .iter()
+        .all(|tool| Command::new(tool).arg("--version").output().is_ok());
+    if !nix::unistd::geteuid().is_root() || !tools {
+        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
+        return false;
+    }
+    plugin_usable(test)
+}
+
 /// Whether `test` can run here: bwrap where it is usable (else it says it did not run); the
 /// libkrun plugin must boot where it is the plugin under test, never skip.
 fn usable(test: &str) -> bool {
@@ -250,14 +263,7 @@ async fn stack_under_test(config: Value) -> Stack {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when_gone() {
     let test = "an_address_the_host_gains_is_refused_to_every_sandbox_and_released_when_gone";
-    let tools = ["ip", "nsenter", "nft", "pasta"]
-        .iter()
-        .all(|tool| Command::new(tool).arg("--version").output().is_ok());
-    if !nix::unistd::geteuid().is_root() || !tools {
-        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
-        return;
-    }
-    if !usable(test) {
+    if !can_run(test, usable) {
         return;
     }
     // Services on the host's wildcard addresses, as an engine on 0.0.0.0 would listen.
@@ -329,14 +335,7 @@ async fn a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does() {
     const ANYIP: &str = "198.51.100.128/25";
     const INSIDE: &str = "198.51.100.200";
     let test = "a_prefix_the_host_answers_on_as_a_whole_is_refused_while_it_does";
-    let tools = ["ip", "nsenter", "nft", "pasta"]
-        .iter()
-        .all(|tool| Command::new(tool).arg("--version").output().is_ok());
-    if !nix::unistd::geteuid().is_root() || !tools {
-        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
-        return;
-    }
-    if !usable(test) {
+    if !can_run(test, usable) {
         return;
     }
     /// The route this test gave the host, removed when dropped (a failed assertion too).
@@ -587,14 +586,7 @@ async fn info_link(stack: &Stack) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandboxs_link_overlaps_no_route_of_the_host() {
     let test = "a_sandboxs_link_overlaps_no_route_of_the_host";
-    let tools = ["ip", "nsenter", "nft", "pasta"]
-        .iter()
-        .all(|tool| Command::new(tool).arg("-V").output().is_ok());
-    if !nix::unistd::geteuid().is_root() || !tools {
-        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
-        return;
-    }
-    if !usable(test) {
+    if !can_run(test, usable) {
         return;
     }
     let host: Vec<Prefix> = ip_routes(None, &["table", "all"])
@@ -819,14 +811,7 @@ async fn a_configured_link_is_used_and_one_the_host_routes_stops_the_adapter() {
 async fn a_link_avoids_a_route_of_a_policy_routing_table() {
     const TABLE: &str = "4242";
     let test = "a_link_avoids_a_route_of_a_policy_routing_table";
-    let tools = ["ip", "nsenter", "nft", "pasta"]
-        .iter()
-        .all(|tool| Command::new(tool).arg("-V").output().is_ok());
-    if !nix::unistd::geteuid().is_root() || !tools {
-        println!("\n*** {test} DID NOT RUN: needs root, iproute2, nsenter, nft and pasta ***\n");
-        return;
-    }
-    if !bwrap_usable(test) {
+    if !can_run(test, bwrap_usable) {
         return;
     }
     /// The route this test gave the host, removed when dropped (a failed assertion too).

@@ -1106,26 +1106,7 @@ async fn a_worker_vm_mountinfo_names_no_host_path_but_its_share() {
     let log = log_of(&stack, "mnt").await;
     let mountinfo = log.split("mountinfo-end").next().unwrap_or_default();
     println!("a worker VM's mountinfo:\n{mountinfo}");
-    let home = match e2e_tests::adapter_user() {
-        Some(user) => user.home,
-        None => std::env::var_os("HOME").map_or_else(|| "/root".into(), Into::into),
-    };
-    let agent = e2e_tests::agent_bin();
-    let host_paths = [
-        stack.state_dir.path().to_path_buf(),
-        e2e_tests::shared_cache_dir(),
-        home,
-        e2e_tests::bin_dir(),
-        agent.clone(),
-        agent.parent().expect("a directory").to_path_buf(),
-    ];
-    for path in &host_paths {
-        let path = path.display().to_string();
-        let named: Vec<&str> = mountinfo
-            .lines()
-            .filter(|line| line.contains(&path))
-            .collect();
-        assert!(named.is_empty(), "mountinfo names {path}: {named:#?}");
-    }
+    let named = sandbox_support::lines_naming_host_paths(&stack, mountinfo);
+    assert!(named.is_empty(), "mountinfo names host paths: {named:#?}");
     worker_ok(&stack, "stop", json!({"vm_id": "mnt", "timeout_ms": 1000})).await;
 }

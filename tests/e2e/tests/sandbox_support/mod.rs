@@ -562,3 +562,49 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
     };
     Some(field(11) + field(12))
 }
+
+/// The host paths of the adapter's that no guest's `/proc/self/mountinfo` may name: its state
+/// and shared cache, its user's home, its binaries and the agent's directory.
+pub fn adapter_host_paths(stack: &Stack) -> Vec<PathBuf> {
+    let home = match e2e_tests::adapter_user() {
+        Some(user) => user.home,
+        None => std::env::var_os("HOME").map_or_else(|| "/root".into(), Into::into),
+    };
+    let agent = e2e_tests::agent_bin();
+    let agent_dir = agent
+        .parent()
+        .expect("the agent is in a directory")
+        .to_path_buf();
+    vec![
+        stack.state_dir.path().to_path_buf(),
+        e2e_tests::shared_cache_dir(),
+        home,
+        e2e_tests::bin_dir(),
+        agent,
+        agent_dir,
+    ]
+}
+
+/// The lines of `mountinfo` that name one of [`adapter_host_paths`], each with the path.
+pub fn lines_naming_host_paths<'a>(stack: &Stack, mountinfo: &'a str) -> Vec<(String, &'a str)> {
+    let mut named = Vec::new();
+    for path in adapter_host_paths(stack) {
+        let path = path.display().to_string();
+        assert!(path.len() > 1, "{path} is too short to look for");
+        named.extend(
+            mountinfo
+                .lines()
+                .filter(|line| names_path(line, &path))
+                .map(|line| (path.clone(), line)),
+        );
+    }
+    named
+}
+
+/// Whether a mountinfo line names `path` or a path below it, in any field or mount option
+/// (`lowerdir=/a:/b`): as a whole path, so `/dev/root` (a virtio-fs tag) is not `/root`.
+pub fn names_path(line: &str, path: &str) -> bool {
+    let below = format!("{path}/");
+    line.split(|c: char| c.is_whitespace() || matches!(c, ',' | '=' | ':'))
+        .any(|word| word == path || word.starts_with(&below))
+}
