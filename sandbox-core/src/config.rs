@@ -527,7 +527,8 @@ fn closest_known_key(key: &str) -> Option<String> {
         .map(|(_, known)| known.to_string())
 }
 
-fn json_type_name(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, as a message names it ("a string", "null").
+pub(crate) fn json_type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

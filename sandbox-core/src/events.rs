@@ -289,7 +289,7 @@ impl Filter {
                 return Err(SandboxError::InvalidRequest(format!(
                     "the event trigger's config must be an object {{kinds?, sandbox_id?}}, \
                      got {}",
-                    kind_of(&other)
+                    crate::config::json_type_name(&other)
                 )))
             }
         };
@@ -334,17 +334,6 @@ impl Filter {
             && self
                 .sandbox_id
                 .is_none_or(|wanted| event.sandbox_id == Some(wanted))
-    }
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
